@@ -1,0 +1,1 @@
+"""Storage: SQL catalog (source of truth) + FAISS indexes (derived), bulk indexing pipeline, CLI."""

@@ -1,0 +1,129 @@
+"""Records the catalog hands out, and the `Catalog` interface the API and CLI code against.
+
+Plain dataclasses: no SQLAlchemy objects ever leave the indexer package.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+import numpy as np
+
+CollectionKind = Literal["images", "texts"]
+
+
+@dataclass(frozen=True)
+class CollectionInfo:
+    id: int
+    name: str
+    kind: CollectionKind
+    model: str  # model id the vectors were made with
+    dim: int
+    index: str  # FAISS factory string, e.g. "Flat" or "IVF1024,PQ64"
+    items: int  # rows in SQL
+    vectors: int  # vectors in the FAISS index (equal to items once reconciled)
+    created_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class ItemRecord:
+    """One image (kind images) or one text (kind texts) of a collection."""
+
+    id: int
+    collection: str
+    kind: CollectionKind
+    caption: str | None = None  # for texts: the text itself
+    tags: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+    path: str | None = None  # source path of an indexed file; None for uploads
+    sha256: str | None = None
+    size: int | None = None
+    mime: str | None = None
+    width: int | None = None
+    height: int | None = None
+    mtime: float | None = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class NewImage:
+    """An image to add: bytes (an upload) or a path (a bulk-indexed file), plus metadata."""
+
+    data: bytes
+    path: str | None = None
+    caption: str | None = None
+    tags: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+    mtime: float | None = None
+
+
+@dataclass(frozen=True)
+class NewText:
+    text: str
+    tags: list[str] = field(default_factory=list)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AddResult:
+    id: int
+    created: bool  # False when an identical item (same sha256 / same text) already existed
+
+
+@dataclass(frozen=True)
+class SearchFilters:
+    tags: list[str] | None = None  # an item must carry every listed tag
+    mime: list[str] | None = None  # an item's mime must be one of these
+    date_from: datetime | None = None  # created_at >= date_from
+    date_to: datetime | None = None  # created_at <= date_to
+
+
+@dataclass(frozen=True)
+class Hit:
+    id: int
+    score: float  # cosine similarity (inner product of L2-normalised vectors)
+
+
+class Catalog(Protocol):
+    """SQL + FAISS behind one interface. Methods are synchronous and thread-safe: the API calls
+    them from worker threads (never on the event loop). One writer at a time; searches run
+    concurrently with writes. Unknown collections or items raise `retrieval.errors.NotFound`."""
+
+    def create_collection(
+        self, name: str, kind: CollectionKind, model: str, dim: int, index: str = "Flat"
+    ) -> CollectionInfo: ...
+
+    def get_collection(self, name: str) -> CollectionInfo: ...
+
+    def list_collections(self) -> list[CollectionInfo]: ...
+
+    def default_collection(self, kind: CollectionKind) -> CollectionInfo | None:
+        """The collection searches use when the request names none: the only one, or the oldest."""
+
+    def add_images(self, collection: str, images: Sequence[NewImage], vectors: np.ndarray) -> list[AddResult]: ...
+
+    def add_texts(self, collection: str, texts: Sequence[NewText], vectors: np.ndarray) -> list[AddResult]: ...
+
+    def delete(self, item_ids: Sequence[int]) -> int: ...
+
+    def get(self, item_id: int) -> ItemRecord: ...
+
+    def get_many(self, item_ids: Sequence[int]) -> list[ItemRecord]:
+        """Records in the order of `item_ids`; ids that do not exist are left out."""
+
+    def vector(self, item_id: int) -> np.ndarray:
+        """The stored vector of an item (for "similar images" by id)."""
+
+    def media_path(self, item_id: int) -> Path:
+        """Where the item's image bytes are on disk (a copy under the data dir for uploads)."""
+
+    def search(
+        self, collection: str, vector: np.ndarray, k: int, filters: SearchFilters | None = None
+    ) -> list[Hit]: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,78 @@
+"""The one settings object. Built by the app factory or the CLI, never at import time.
+
+Every field is read from the environment with the prefix `CNCLIP_` (for example
+`CNCLIP_MODEL_DIR`); list fields take JSON (`CNCLIP_BUCKETS='[1,4,8]'`). Every field is
+documented in the README's settings table; a test keeps the two in sync.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+# The small demo model the project trains and ships (see models/cnclip-demo/MODEL_CARD.md).
+SHIPPED_MODEL_DIR = REPO_ROOT / "models" / "cnclip-demo"
+
+
+def default_data_dir() -> Path:
+    return Path.home() / ".local" / "share" / "cnclip"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="CNCLIP_", env_nested_delimiter="__", extra="ignore")
+
+    # --- model runtime -------------------------------------------------------------------
+    model_dir: Path = Field(SHIPPED_MODEL_DIR, description="Model directory with manifest.json.")
+    provider: Literal["auto", "cann", "cuda", "cpu"] = Field(
+        "auto", description="Execution provider; auto detects an Ascend NPU, then CUDA, then uses CPU."
+    )
+    precision: Literal["auto", "fp32", "fp16", "int8"] = Field(
+        "auto", description="Graph precision; auto = fp16 on NPU/GPU, int8 on CPU when present, else fp32."
+    )
+    device_id: int = Field(0, description="NPU/GPU device index.")
+    buckets: list[int] = Field(
+        default_factory=lambda: [1, 4, 8, 16, 32],
+        description="Batch sizes compiled at start-up; requests are padded to the nearest bucket.",
+    )
+    streams: int = Field(1, ge=1, le=64, description="Parallel inference sessions per tower.")
+    threads_per_stream: int = Field(
+        0, ge=0, description="intra_op threads of each CPU session; 0 = cores divided by streams."
+    )
+    pin_threads: bool = Field(False, description="Pin each CPU stream's threads to its own cores.")
+    max_queue_delay_ms: float = Field(
+        4.0, ge=0, description="How long the batcher waits to fill a bucket before running a partial one."
+    )
+    max_queue_size: int = Field(2048, ge=1, description="Queued items per tower before requests get 429.")
+    max_image_bytes: int = Field(20 * 1024 * 1024, ge=1, description="Largest accepted image upload.")
+    max_image_pixels: int = Field(
+        50_000_000, ge=1, description="Largest accepted image in pixels (decompression-bomb guard)."
+    )
+
+    # --- storage -----------------------------------------------------------------------------
+    data_dir: Path = Field(
+        default_factory=default_data_dir, description="Where the SQLite file, FAISS indexes and media live."
+    )
+    database_url: str | None = Field(
+        None, description="SQLAlchemy URL; empty = SQLite file `catalog.db` under the data dir."
+    )
+
+    # --- API -----------------------------------------------------------------------------------
+    host: str = Field("127.0.0.1", description="Address `cnclip serve` binds.")
+    port: int = Field(8000, description="Port `cnclip serve` binds.")
+    api_key: SecretStr | None = Field(None, description="Key required for writes (Bearer or X-API-Key).")
+    require_key_for_reads: bool = Field(False, description="Also require the API key for searches/reads.")
+
+    @field_validator("buckets")
+    @classmethod
+    def _sorted_positive_buckets(cls, value: list[int]) -> list[int]:
+        if not value or any(b < 1 for b in value):
+            raise ValueError("buckets must be a non-empty list of positive batch sizes")
+        return sorted(set(value))
+
+    @property
+    def sqlalchemy_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_dir / 'catalog.db'}"

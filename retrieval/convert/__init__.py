@@ -1,0 +1,1 @@
+"""Conversion of CN-CLIP checkpoints to static-graph ONNX model directories (torch only here)."""

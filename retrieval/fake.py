@@ -1,0 +1,52 @@
+"""A deterministic encoder for tests and UI work: same input, same vector; no model needed.
+
+Text vectors come from a hash of the text. Image vectors come from a hash of the bytes, so an
+image searched with itself scores 1.0. Captions and pixels are unrelated: use the shipped demo
+model where answers must mean something.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import numpy as np
+
+
+def _unit_vector(seed_bytes: bytes, dim: int) -> np.ndarray:
+    seed = int.from_bytes(hashlib.sha256(seed_bytes).digest()[:8], "little")
+    v = np.random.default_rng(seed).standard_normal(dim).astype(np.float32)
+    return v / np.linalg.norm(v)
+
+
+class FakeEncoder:
+    def __init__(self, dim: int = 32, model_id: str = "fake", logit_scale: float = 100.0) -> None:
+        self.dim = dim
+        self.model_id = model_id
+        self.logit_scale = logit_scale
+        self._ready = False
+        self.calls: list[tuple[str, int]] = []  # (tower, batch size), for tests that count work
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    async def start(self) -> None:
+        self._ready = True
+
+    async def close(self) -> None:
+        self._ready = False
+
+    async def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
+        self.calls.append(("text", len(texts)))
+        return self.embed_texts_sync(texts)
+
+    async def embed_images(self, images: Sequence[bytes]) -> np.ndarray:
+        self.calls.append(("image", len(images)))
+        return self.embed_images_sync(images)
+
+    def embed_texts_sync(self, texts: Sequence[str]) -> np.ndarray:
+        return np.stack([_unit_vector(b"t" + t.encode("utf-8"), self.dim) for t in texts]).reshape(-1, self.dim)
+
+    def embed_images_sync(self, images: Sequence[bytes]) -> np.ndarray:
+        return np.stack([_unit_vector(b"i" + data, self.dim) for data in images]).reshape(-1, self.dim)

@@ -1,0 +1,36 @@
+"""Types shared by every layer. Imports nothing of the project, so anything may import it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+TOWERS = ("image", "text")
+
+
+@runtime_checkable
+class Encoder(Protocol):
+    """Turns texts and raw image bytes into L2-normalised float32 vectors of shape (n, dim).
+
+    Implementations: the local ONNX Runtime encoder (buckets, streams, dynamic batcher), a
+    remote Triton/KServe v2 encoder, and a deterministic fake for tests.
+    """
+
+    model_id: str
+    dim: int
+    logit_scale: float  # the multiplier applied to cosines, exp(logit_scale) of the checkpoint
+
+    async def start(self) -> None:
+        """Open sessions and warm every bucket; `ready` is True afterwards."""
+
+    async def close(self) -> None:
+        """Release sessions and fail whatever is still queued."""
+
+    @property
+    def ready(self) -> bool: ...
+
+    async def embed_texts(self, texts: Sequence[str]) -> np.ndarray: ...
+
+    async def embed_images(self, images: Sequence[bytes]) -> np.ndarray: ...

@@ -1,0 +1,1 @@
+"""The search UI: static HTML/CSS/JS served by the API at `/`."""
