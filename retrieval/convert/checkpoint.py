@@ -1,0 +1,79 @@
+"""Read Chinese-CLIP checkpoints safely and load them into `retrieval.convert.model.CLIP`.
+
+Official checkpoints are `{"state_dict": {...}, "epoch": ..., ...}` with keys that may start with
+`module.` (saved from DistributedDataParallel) and weights usually in fp16. They are read with
+`torch.load(weights_only=True)`: tensors and plain containers only, never arbitrary pickled objects.
+A checkpoint may carry its own architecture under `"config"` (cn_clip merged keys); the project's
+demo trainer writes one so that `cnclip convert --checkpoint` needs no `--arch`.
+"""
+
+from __future__ import annotations
+
+import pickle
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from retrieval.convert.model import CLIP
+from retrieval.errors import ModelError
+
+StateDict = dict[str, torch.Tensor]
+
+
+def clean_state_dict(state_dict: dict[str, Any]) -> StateDict:
+    """Strip DDP's `module.` prefix, drop cn_clip's unused `bert.pooler.*`, cast floating tensors to fp32."""
+    cleaned: StateDict = {}
+    for key, value in state_dict.items():
+        if not isinstance(value, torch.Tensor):
+            continue
+        name = key.removeprefix("module.")
+        if name.startswith("bert.pooler."):
+            continue
+        cleaned[name] = value.float() if value.is_floating_point() else value
+    return cleaned
+
+
+def load_checkpoint(path: Path) -> tuple[dict[str, Any] | None, StateDict]:
+    """Read a checkpoint file; returns (embedded config or None, cleaned state dict)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ModelError(f"checkpoint not found: {path}")
+    try:
+        raw = torch.load(path, map_location="cpu", weights_only=True)
+    except (pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError, EOFError) as exc:
+        # weights_only refuses pickled code; torch reports that (and truncated files) as these errors.
+        raise ModelError(f"{path} is not a loadable checkpoint (torch.load weights_only): {exc}") from exc
+    if not isinstance(raw, dict):
+        raise ModelError(f"{path}: expected a dict with 'state_dict', got {type(raw).__name__}")
+    state = raw.get("state_dict", raw)
+    if not isinstance(state, dict) or not any(isinstance(v, torch.Tensor) for v in state.values()):
+        raise ModelError(f"{path}: no tensors under 'state_dict'")
+    config = raw.get("config")
+    if config is not None and not isinstance(config, dict):
+        raise ModelError(f"{path}: 'config' must be a dict of cn_clip model config keys")
+    return config, clean_state_dict(state)
+
+
+def build_model(config: dict[str, Any], state_dict: StateDict | None = None) -> CLIP:
+    """The CLIP architecture of `config`, with `state_dict` loaded strictly (random weights when None)."""
+    try:
+        model = CLIP.from_config(config)
+    except (KeyError, ValueError, TypeError) as exc:
+        raise ModelError(f"bad model config: {exc}") from exc
+    if state_dict is not None:
+        expected = model.state_dict()
+        missing = sorted(set(expected) - set(state_dict))
+        unexpected = sorted(set(state_dict) - set(expected))
+        wrong = sorted(k for k in expected if k in state_dict and state_dict[k].shape != expected[k].shape)
+        if missing or unexpected or wrong:
+            parts = []
+            for label, keys in (("missing", missing), ("unexpected", unexpected), ("wrong shape", wrong)):
+                if keys:
+                    parts.append(f"{len(keys)} {label} (e.g. {', '.join(keys[:3])})")
+            raise ModelError(
+                "checkpoint does not match the architecture: " + "; ".join(parts) + ". Check --arch / --config."
+            )
+        model.load_state_dict(state_dict, strict=True)
+    return model.eval()
