@@ -45,6 +45,18 @@ class FakeEncoder:
         self.calls.append(("image", len(images)))
         return self.embed_images_sync(images)
 
+    async def embed_token_ids(self, ids: np.ndarray) -> np.ndarray:
+        """Vectors of token-id rows (n, context_length): a hash of each row's ids."""
+        self.calls.append(("text", len(ids)))
+        rows = np.asarray(ids, dtype=np.int64)
+        return np.stack([_unit_vector(b"t" + row.tobytes(), self.dim) for row in rows]).reshape(-1, self.dim)
+
+    async def embed_pixels(self, pixels: np.ndarray) -> np.ndarray:
+        """Vectors of preprocessed images (n, 3, R, R): a hash of each image's float32 bytes."""
+        self.calls.append(("image", len(pixels)))
+        rows = np.asarray(pixels, dtype=np.float32)
+        return np.stack([_unit_vector(b"p" + row.tobytes(), self.dim) for row in rows]).reshape(-1, self.dim)
+
     def embed_texts_sync(self, texts: Sequence[str]) -> np.ndarray:
         return np.stack([_unit_vector(b"t" + t.encode("utf-8"), self.dim) for t in texts]).reshape(-1, self.dim)
 

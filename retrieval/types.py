@@ -34,3 +34,21 @@ class Encoder(Protocol):
     async def embed_texts(self, texts: Sequence[str]) -> np.ndarray: ...
 
     async def embed_images(self, images: Sequence[bytes]) -> np.ndarray: ...
+
+    async def embed_token_ids(self, ids: np.ndarray) -> np.ndarray:
+        """Token ids int64 (n, context_length), already tokenized (the Triton/KServe v2 endpoint)."""
+
+    async def embed_pixels(self, pixels: np.ndarray) -> np.ndarray:
+        """Preprocessed float32 (n, 3, R, R) images (the Triton/KServe v2 endpoint)."""
+
+
+@runtime_checkable
+class EncoderObserver(Protocol):
+    """Receives per-batch facts from an encoder's batcher (the API turns them into Prometheus metrics).
+
+    `timings` has the keys "queue" (longest wait of the batch's items), "preprocess" (seconds spent
+    decoding/tokenizing the batch's items), "inference" (the session run) and "post" (normalising and
+    handing results back), all in seconds. `items` is the real rows; `bucket` the padded batch size.
+    """
+
+    def batch_done(self, tower: str, bucket: int, items: int, timings: dict[str, float]) -> None: ...
