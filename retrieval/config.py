@@ -47,6 +47,9 @@ class Settings(BaseSettings):
         4.0, ge=0, description="How long the batcher waits to fill a bucket before running a partial one."
     )
     max_queue_size: int = Field(2048, ge=1, description="Queued items per tower before requests get 429.")
+    dynamic_batching: bool = Field(
+        True, description="Merge concurrent requests into one batch; false runs each request on its own."
+    )
     max_image_bytes: int = Field(20 * 1024 * 1024, ge=1, description="Largest accepted image upload.")
     max_image_pixels: int = Field(
         50_000_000, ge=1, description="Largest accepted image in pixels (decompression-bomb guard)."

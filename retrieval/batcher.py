@@ -1,0 +1,286 @@
+"""The dynamic batcher: merges concurrent requests of one tower into bucket-sized batches.
+
+Requests enter a bounded queue of rows. One dispatcher task waits until the queue can fill the
+largest bucket or the oldest row has waited `max_delay_s`, takes an idle stream, and cuts a batch:
+a full largest bucket, or the rows present if they fill a bucket exactly, or otherwise either
+the next-smaller exact bucket or padding up to the next bucket, whichever wastes fewer rows.
+Padding rows copy a real row and are dropped before anything is returned.
+
+Guarantees: every request's future is resolved (vectors, or an exception with the cause); a full
+queue raises `Overloaded` at once; rows of a cancelled request are dropped before inference; a
+batch that fails fails only the requests in it, and the dispatcher keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import logging
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from retrieval.errors import CnclipError, EncoderUnavailable, ModelError, Overloaded
+from retrieval.sessions import Stream, StreamPool
+from retrieval.types import EncoderObserver
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class _Request:
+    inputs: np.ndarray
+    future: asyncio.Future[np.ndarray]
+    enqueued: float
+    preprocess_s: float
+    taken: int = 0  # rows already cut into batches
+    done_rows: int = 0
+    out: np.ndarray | None = None
+
+    @property
+    def waiting(self) -> int:
+        return len(self.inputs) - self.taken
+
+
+@dataclass
+class _Batch:
+    pieces: list[tuple[_Request, int, int]] = field(default_factory=list)  # (request, start, stop)
+    rows: int = 0
+    bucket: int = 0
+
+
+def choose_batch(available: int, buckets: Sequence[int]) -> tuple[int, int]:
+    """(rows to take, bucket to run) for `available` due rows; buckets sorted ascending."""
+    largest = buckets[-1]
+    if available >= largest:
+        return largest, largest
+    up = buckets[bisect.bisect_left(buckets, available)]
+    if up == available:
+        return available, available
+    below = [b for b in buckets if b <= available]
+    # Pad up when that wastes no more rows than running the exact smaller bucket leaves waiting.
+    if not below or up - available <= available - below[-1]:
+        return available, up
+    return below[-1], below[-1]
+
+
+def l2_normalise(vectors: np.ndarray) -> np.ndarray:
+    vectors = np.asarray(vectors, dtype=np.float32)
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return vectors / np.maximum(norms, np.float32(1e-12))
+
+
+class DynamicBatcher:
+    """One tower's queue, dispatcher and batch runs over a `StreamPool`."""
+
+    def __init__(
+        self,
+        tower: str,
+        pool: StreamPool,
+        buckets: Sequence[int],
+        max_delay_s: float,
+        max_queue_size: int,
+        merge_requests: bool = True,
+        observer: EncoderObserver | None = None,
+    ) -> None:
+        self.tower = tower
+        self.pool = pool
+        self.buckets = sorted(buckets)
+        self.max_delay_s = max_delay_s
+        self.max_queue_size = max_queue_size
+        self.merge_requests = merge_requests
+        self.observer = observer
+        self._queue: deque[_Request] = deque()
+        self._queued_rows = 0
+        self._arrived = asyncio.Event()
+        self._dispatcher: asyncio.Task[None] | None = None
+        self._running: set[asyncio.Task[None]] = set()
+        self._closing = False
+
+    # --- public ------------------------------------------------------------------------------
+    @property
+    def queue_depth(self) -> int:
+        """Rows waiting for a batch (not yet handed to a stream)."""
+        return self._queued_rows
+
+    def check_capacity(self, rows: int) -> None:
+        """Raise `Overloaded` now if `rows` more would not fit (call before costly preprocessing)."""
+        if self._closing:
+            raise EncoderUnavailable("the encoder is shutting down")
+        if self._queued_rows + rows > self.max_queue_size:
+            raise Overloaded(
+                f"the {self.tower} encoder queue is full ({self._queued_rows} of {self.max_queue_size} rows waiting)"
+            )
+
+    async def submit(self, inputs: np.ndarray, preprocess_s: float = 0.0) -> np.ndarray:
+        """Queue `inputs` (n rows of one tower's input) and wait for their L2-normalised vectors."""
+        if len(inputs) == 0:
+            raise ValueError("submit needs at least one row")
+        self.check_capacity(len(inputs))
+        if self._dispatcher is None:
+            raise EncoderUnavailable(f"the {self.tower} encoder is not started")
+        future: asyncio.Future[np.ndarray] = asyncio.get_running_loop().create_future()
+        self._queue.append(_Request(inputs, future, time.perf_counter(), preprocess_s))
+        self._queued_rows += len(inputs)
+        self._arrived.set()
+        return await future
+
+    def start(self) -> None:
+        self._dispatcher = asyncio.create_task(self._dispatch_forever(), name=f"{self.tower}-batcher")
+        self._dispatcher.add_done_callback(self._dispatcher_ended)
+
+    def _dispatcher_ended(self, task: asyncio.Task[None]) -> None:
+        # Only a bug ends the dispatcher early; then nothing queued may hang.
+        if not task.cancelled() and task.exception() is not None:
+            log.error("%s batcher stopped", self.tower, exc_info=task.exception())
+            self._closing = True
+            self._fail_queued(EncoderUnavailable(f"the {self.tower} encoder stopped; see the server log"))
+
+    async def close(self) -> None:
+        """Fail what is queued, let running batches finish, stop the dispatcher."""
+        self._closing = True
+        if self._dispatcher is not None:
+            self._dispatcher.cancel()
+            await asyncio.gather(self._dispatcher, return_exceptions=True)
+        self._fail_queued(EncoderUnavailable(f"the {self.tower} encoder is shutting down"))
+        if self._running:
+            await asyncio.gather(*self._running, return_exceptions=True)
+
+    # --- dispatcher ----------------------------------------------------------------------------
+    def _drop_dead_head(self) -> None:
+        """Forget requests at the head whose callers have gone (cancelled) or were already failed."""
+        while self._queue and self._queue[0].future.done():
+            dead = self._queue.popleft()
+            self._queued_rows -= dead.waiting
+
+    def _live_rows(self) -> int:
+        for request in [r for r in self._queue if r.future.done()]:
+            self._queue.remove(request)
+            self._queued_rows -= request.waiting
+        return self._queued_rows
+
+    async def _wait_until_due(self) -> None:
+        """Until the queue fills the largest bucket or its oldest row has waited max_delay_s."""
+        while True:
+            self._drop_dead_head()
+            if not self._queue:
+                self._arrived.clear()
+                await self._arrived.wait()
+                continue
+            if not self.merge_requests or self._queued_rows >= self.buckets[-1]:
+                return
+            remaining = self._queue[0].enqueued + self.max_delay_s - time.perf_counter()
+            if remaining <= 0:
+                return
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), remaining)
+            except TimeoutError:
+                return
+
+    def _cut_batch(self) -> _Batch | None:
+        available = self._live_rows()
+        if available == 0:
+            return None
+        if self.merge_requests:
+            rows, bucket = choose_batch(available, self.buckets)
+        else:  # one request (or a largest-bucket slice of it) per batch
+            rows, bucket = choose_batch(min(self._queue[0].waiting, self.buckets[-1]), self.buckets)
+        batch = _Batch(rows=rows, bucket=bucket)
+        need = rows
+        while need:
+            request = self._queue[0]
+            take = min(need, request.waiting)
+            batch.pieces.append((request, request.taken, request.taken + take))
+            request.taken += take
+            need -= take
+            self._queued_rows -= take
+            if request.waiting == 0:
+                self._queue.popleft()
+        return batch
+
+    async def _dispatch_forever(self) -> None:
+        while True:
+            await self._wait_until_due()
+            stream = await self.pool.acquire()
+            batch = self._cut_batch()
+            if batch is None:  # everything waiting was cancelled meanwhile
+                self.pool.release(stream)
+                continue
+            task = asyncio.create_task(self._run(stream, batch))
+            self._running.add(task)
+            task.add_done_callback(self._running.discard)
+
+    # --- one batch -------------------------------------------------------------------------------
+    def _infer(self, stream: Stream, batch_input: np.ndarray, rows: int) -> tuple[np.ndarray, float, float]:
+        """In the stream's thread: run the bucket graph, then normalise the real rows."""
+        out, inference_s = stream.run_timed(batch_input)
+        start = time.perf_counter()
+        if out.ndim != 2 or out.shape[0] != len(batch_input):
+            raise ModelError(f"{self.tower} graph returned shape {out.shape} for a batch of {len(batch_input)}")
+        vectors = l2_normalise(out[:rows])
+        return vectors, inference_s, time.perf_counter() - start
+
+    async def _run(self, stream: Stream, batch: _Batch) -> None:
+        started = time.perf_counter()
+        queue_s = started - min(r.enqueued for r, _, _ in batch.pieces)
+        timings = {"queue": queue_s, "preprocess": sum(r.preprocess_s for r, s, _ in batch.pieces if s == 0)}
+        try:
+            parts = [r.inputs[a:b] for r, a, b in batch.pieces]
+            if batch.bucket > batch.rows:  # pad with copies of a real row: always a valid input
+                parts.append(np.repeat(parts[0][:1], batch.bucket - batch.rows, axis=0))
+            batch_input = np.ascontiguousarray(np.concatenate(parts))
+            loop = asyncio.get_running_loop()
+            vectors, timings["inference"], post_s = await loop.run_in_executor(
+                stream.executor, self._infer, stream, batch_input, batch.rows
+            )
+        except asyncio.CancelledError:
+            self._fail_pieces(batch, EncoderUnavailable(f"the {self.tower} encoder is shutting down"))
+            raise
+        except Exception as exc:  # noqa: BLE001 - handed to exactly the requests of this batch, with the cause
+            log.exception("%s batch of %d (bucket %d) failed", self.tower, batch.rows, batch.bucket)
+            if isinstance(exc, CnclipError):
+                self._fail_pieces(batch, exc)
+            else:
+                error = ModelError(f"{self.tower} inference failed: {type(exc).__name__}: {exc}")
+                error.__cause__ = exc
+                self._fail_pieces(batch, error)
+            return
+        finally:
+            self.pool.release(stream)
+        scatter_start = time.perf_counter()
+        offset = 0
+        for request, a, b in batch.pieces:
+            if not request.future.done():
+                if request.out is None:
+                    request.out = np.empty((len(request.inputs), vectors.shape[1]), dtype=np.float32)
+                request.out[a:b] = vectors[offset : offset + (b - a)]
+                request.done_rows += b - a
+                if request.done_rows == len(request.inputs):
+                    request.future.set_result(request.out)
+            offset += b - a
+        timings["post"] = post_s + time.perf_counter() - scatter_start
+        self._report(batch, timings)
+
+    def _report(self, batch: _Batch, timings: dict[str, float]) -> None:
+        if self.observer is None:
+            return
+        try:
+            self.observer.batch_done(self.tower, batch.bucket, batch.rows, timings)
+        except Exception:  # noqa: BLE001 - a metrics bug must not break serving; logged with its traceback
+            log.exception("encoder observer failed")
+
+    def _fail_pieces(self, batch: _Batch, error: BaseException) -> None:
+        for request, _, _ in batch.pieces:
+            if not request.future.done():
+                request.future.set_exception(error)
+
+    def _fail_queued(self, error: BaseException) -> None:
+        while self._queue:
+            request = self._queue.popleft()
+            if not request.future.done():
+                request.future.set_exception(error)
+        self._queued_rows = 0

@@ -1,0 +1,248 @@
+"""The local encoder: ONNX Runtime sessions per tower, bucket and stream behind a dynamic batcher.
+
+pre (tokenize / decode + normalise, off the event loop) → batcher (bounded queue, buckets,
+streams) → core (session.run of a fixed-shape graph) → post (drop padding, L2-normalise).
+`create_encoder(settings)` is the one factory the API, the CLI and the indexer call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+
+import numpy as np
+
+from retrieval.batcher import DynamicBatcher
+from retrieval.config import Settings
+from retrieval.errors import EncoderUnavailable, InvalidImage, InvalidInput, ModelError
+from retrieval.manifest import ModelManifest
+from retrieval.preprocess import preprocess_image
+from retrieval.providers import ProviderChoice, SessionConfig, choose_precision, choose_provider, cpu_thread_plan
+from retrieval.sessions import BucketedSession, OrtSession, SessionFactory, Stream, StreamPool
+from retrieval.tokenizer import default_tokenizer
+from retrieval.types import TOWERS, Encoder, EncoderObserver
+
+log = logging.getLogger(__name__)
+
+_TOKENIZE_INLINE = 64  # texts tokenized on the event loop; more go to a thread (a few µs each)
+
+
+class LocalEncoder:
+    """Embeds texts and images with the model directory's ONNX graphs on this machine.
+
+    `await start()` chooses the provider and precision, opens one session per tower, bucket and
+    stream and runs every bucket once; only then is `ready` True.
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        manifest: ModelManifest | None = None,
+        observer: EncoderObserver | None = None,
+        session_factory: SessionFactory = OrtSession,
+        provider_chooser: Callable[[str], ProviderChoice] = choose_provider,
+    ) -> None:
+        self.settings = settings
+        self.manifest = manifest if manifest is not None else ModelManifest.load(settings.model_dir)
+        self.model_id = self.manifest.name
+        self.dim = self.manifest.embed_dim
+        self.logit_scale = self.manifest.logit_scale
+        self.image_size = self.manifest.image_size
+        self.context_length = self.manifest.context_length
+        self.observer = observer
+        self.provider: ProviderChoice | None = None
+        self.precision: dict[str, str] = {}
+        self.buckets: dict[str, list[int]] = {}
+        self._session_factory = session_factory
+        self._choose_provider = provider_chooser
+        self._batchers: dict[str, DynamicBatcher] = {}
+        self._pools: dict[str, StreamPool] = {}
+        self._preprocess_pool: ThreadPoolExecutor | None = None
+        self._tokenizer = default_tokenizer()
+        self._vocab_size = len(self._tokenizer.vocab)
+        self._ready = False
+
+    # --- lifecycle -------------------------------------------------------------------------------
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    def _plan(self, provider: str) -> None:
+        for tower in TOWERS:
+            spec = self.manifest.towers[tower]
+            precision = choose_precision(provider, self.settings.precision, spec.precisions())
+            have = spec.buckets(precision)
+            buckets = [b for b in self.settings.buckets if b in have]
+            if not buckets:
+                raise ModelError(
+                    f"none of the configured buckets {self.settings.buckets} exist for {tower}/{precision} "
+                    f"(the model directory has {have})"
+                )
+            self.precision[tower], self.buckets[tower] = precision, buckets
+
+    def _open_streams(self, provider: str) -> dict[str, list[Stream]]:
+        """Open and warm every session (blocking: called in a thread)."""
+        s = self.settings
+        plan = cpu_thread_plan(s.streams, s.threads_per_stream) if provider == "cpu" else [[]] * s.streams
+        streams: dict[str, list[Stream]] = {}
+        for tower in TOWERS:
+            streams[tower] = []
+            for index, cores in enumerate(plan):
+                config = SessionConfig(
+                    provider=provider,
+                    precision=self.precision[tower],
+                    device_id=s.device_id,
+                    cores=cores,
+                    pin_threads=s.pin_threads,
+                    spin=s.streams == 1,
+                )
+                session = BucketedSession.open(
+                    self.manifest, tower, self.precision[tower], self.buckets[tower], config, self._session_factory
+                )
+                stream = Stream(index, session, cores, pin=s.pin_threads and provider == "cpu")
+                # Warm up in the stream's own (pinned) thread, as it will run.
+                stream.executor.submit(stream.warm_up, self.image_size, self.context_length).result()
+                streams[tower].append(stream)
+        return streams
+
+    async def start(self) -> None:
+        """Choose provider and precision, open and warm all sessions, start the batchers."""
+        if self._ready:
+            return
+        started = time.perf_counter()
+        self.provider = self._choose_provider(self.settings.provider)
+        self._plan(self.provider.name)
+        streams = await asyncio.to_thread(self._open_streams, self.provider.name)
+        for tower in TOWERS:
+            self._pools[tower] = StreamPool(streams[tower])
+            batcher = DynamicBatcher(
+                tower,
+                self._pools[tower],
+                self.buckets[tower],
+                max_delay_s=self.settings.max_queue_delay_ms / 1000.0,
+                max_queue_size=self.settings.max_queue_size,
+                merge_requests=self.settings.dynamic_batching,
+                observer=self.observer,
+            )
+            batcher.start()
+            self._batchers[tower] = batcher
+        workers = max(1, sum(len(p) for p in cpu_thread_plan(self.settings.streams, self.settings.threads_per_stream)))
+        self._preprocess_pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="preprocess")
+        self._ready = True
+        log.info(
+            "encoder %s ready in %.1fs: provider %s (%s); precision text=%s image=%s; buckets %s; %d stream(s)",
+            self.model_id,
+            time.perf_counter() - started,
+            self.provider.name,
+            self.provider.reason,
+            self.precision["text"],
+            self.precision["image"],
+            self.buckets["text"],
+            self.settings.streams,
+        )
+
+    async def close(self) -> None:
+        """Fail what is queued, finish running batches, release sessions and threads."""
+        self._ready = False
+        for batcher in self._batchers.values():
+            await batcher.close()
+        for pool in self._pools.values():
+            await asyncio.to_thread(pool.close)
+        if self._preprocess_pool is not None:
+            self._preprocess_pool.shutdown(wait=False, cancel_futures=True)
+        self._batchers, self._pools, self._preprocess_pool = {}, {}, None
+
+    def queue_depth(self, tower: str) -> int:
+        """Rows of `tower` waiting for a batch."""
+        batcher = self._batchers.get(tower)
+        return batcher.queue_depth if batcher else 0
+
+    # --- embedding ---------------------------------------------------------------------------------
+    def _batcher(self, tower: str) -> DynamicBatcher:
+        batcher = self._batchers.get(tower)
+        if batcher is None or not self._ready:
+            raise EncoderUnavailable("the encoder is not started (await encoder.start())")
+        return batcher
+
+    async def _submit(self, tower: str, inputs: np.ndarray, preprocess_s: float) -> np.ndarray:
+        """Submit rows; a request larger than the queue goes in queue-sized chunks, one after another."""
+        batcher = self._batcher(tower)
+        limit = max(1, batcher.max_queue_size // 2)
+        if len(inputs) <= limit:
+            return await batcher.submit(inputs, preprocess_s)
+        chunks = [await batcher.submit(inputs[i : i + limit], preprocess_s) for i in range(0, len(inputs), limit)]
+        return np.concatenate(chunks)
+
+    async def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
+        """L2-normalised float32 (n, dim) for `texts` (cn_clip tokenization, 52 tokens)."""
+        if isinstance(texts, str):
+            raise InvalidInput("embed_texts takes a list of strings, not one string")
+        if len(texts) == 0:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        self._batcher("text").check_capacity(min(len(texts), self._batcher("text").max_queue_size))
+        start = time.perf_counter()
+        tokenize = partial(self._tokenizer.tokenize, list(texts), self.context_length)
+        ids = tokenize() if len(texts) <= _TOKENIZE_INLINE else await asyncio.to_thread(tokenize)
+        return await self._submit("text", ids, time.perf_counter() - start)
+
+    async def embed_images(self, images: Sequence[bytes]) -> np.ndarray:
+        """L2-normalised float32 (n, dim) for raw image bytes; `InvalidImage` names the bad one."""
+        if len(images) == 0:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        self._batcher("image").check_capacity(min(len(images), self._batcher("image").max_queue_size))
+        assert self._preprocess_pool is not None
+        start = time.perf_counter()
+        prep = partial(
+            preprocess_image,
+            size=self.image_size,
+            mean=self.manifest.mean,
+            std=self.manifest.std,
+            max_bytes=self.settings.max_image_bytes,
+            max_pixels=self.settings.max_image_pixels,
+        )
+        loop = asyncio.get_running_loop()
+        results = await asyncio.gather(
+            *(loop.run_in_executor(self._preprocess_pool, prep, data) for data in images), return_exceptions=True
+        )
+        for index, result in enumerate(results):
+            if isinstance(result, InvalidImage):
+                if len(images) > 1:
+                    raise type(result)(f"image {index}: {result.message}") from result
+                raise result
+            if isinstance(result, BaseException):
+                raise result
+        pixels = np.stack(results)  # type: ignore[arg-type]
+        return await self._submit("image", pixels, time.perf_counter() - start)
+
+    async def embed_token_ids(self, ids: np.ndarray) -> np.ndarray:
+        """Vectors for already-tokenized rows, int64 (n, context_length), through the same batcher."""
+        ids = np.asarray(ids)
+        if ids.ndim != 2 or ids.shape[1] != self.context_length or not np.issubdtype(ids.dtype, np.integer):
+            raise InvalidInput(f"token ids must be integers of shape (n, {self.context_length}), got {ids.shape}")
+        if len(ids) == 0:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        if ids.min() < 0 or ids.max() >= self._vocab_size:
+            raise InvalidInput(f"token ids must lie in [0, {self._vocab_size})")
+        return await self._submit("text", np.ascontiguousarray(ids, dtype=np.int64), 0.0)
+
+    async def embed_pixels(self, pixels: np.ndarray) -> np.ndarray:
+        """Vectors for preprocessed images, float32 (n, 3, R, R), through the same batcher."""
+        pixels = np.asarray(pixels)
+        expected = (3, self.image_size, self.image_size)
+        if pixels.ndim != 4 or pixels.shape[1:] != expected:
+            raise InvalidInput(f"pixels must have shape (n, {', '.join(map(str, expected))}), got {pixels.shape}")
+        if len(pixels) == 0:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        pixels = np.ascontiguousarray(pixels, dtype=np.float32)
+        if not np.isfinite(pixels).all():
+            raise InvalidInput("pixels must be finite numbers")
+        return await self._submit("image", pixels, 0.0)
+
+
+def create_encoder(settings: Settings, observer: EncoderObserver | None = None) -> Encoder:
+    """The encoder the settings ask for (today: the local ONNX Runtime encoder). Call `await start()`."""
+    return LocalEncoder(settings, observer=observer)

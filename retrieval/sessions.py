@@ -1,0 +1,185 @@
+"""Fixed-shape sessions per batch bucket, grouped into streams.
+
+A *bucketed session* is one tower's set of static graphs (one per batch bucket, e.g. 1/4/8/16/32)
+opened for one stream. A *stream* owns one bucketed session per tower role and one worker thread,
+so it runs one batch at a time on its own cores. A `StreamPool` hands out idle streams, the one
+idle longest first, so batches spread evenly over streams.
+
+The ONNX Runtime session sits behind the small `ModelSession` protocol so tests inject fakes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from retrieval.errors import ModelError
+from retrieval.manifest import ModelManifest
+from retrieval.providers import SessionConfig
+
+log = logging.getLogger(__name__)
+
+
+class ModelSession(Protocol):
+    """One fixed-shape graph: `run` takes exactly its batch size and returns (batch, dim) float32."""
+
+    def run(self, batch: np.ndarray) -> np.ndarray: ...
+
+
+def ort_errors() -> tuple[type[BaseException], ...]:
+    """ONNX Runtime's own exception types (they do not share a base class below Exception)."""
+    from onnxruntime.capi import onnxruntime_pybind11_state as state
+
+    names = (
+        "Fail",
+        "InvalidArgument",
+        "InvalidGraph",
+        "InvalidProtobuf",
+        "NoSuchFile",
+        "NoModel",
+        "EPFail",
+        "RuntimeException",
+        "NotImplemented",
+        "EngineError",
+        "ModelRequiresCompilation",
+    )
+    return tuple(getattr(state, n) for n in names if hasattr(state, n))
+
+
+class OrtSession:
+    """A `ModelSession` over one ONNX Runtime `InferenceSession`."""
+
+    def __init__(self, path: Path, config: SessionConfig, input_name: str, output_name: str) -> None:
+        import onnxruntime as ort
+
+        try:
+            self._session = ort.InferenceSession(
+                str(path), sess_options=config.session_options(), providers=config.providers()
+            )
+        except (RuntimeError, *ort_errors()) as exc:
+            raise ModelError(f"cannot open graph {path}: {exc}") from exc
+        self.input_name = input_name
+        self.output_name = output_name
+        self.providers = self._session.get_providers()
+
+    def run(self, batch: np.ndarray) -> np.ndarray:
+        return self._session.run([self.output_name], {self.input_name: batch})[0]
+
+
+SessionFactory = Callable[[Path, SessionConfig, str, str], ModelSession]
+
+
+class BucketedSession:
+    """One tower's graphs for one stream, keyed by batch bucket."""
+
+    def __init__(self, tower: str, sessions: dict[int, ModelSession]) -> None:
+        if not sessions:
+            raise ModelError(f"{tower}: no bucket sessions")
+        self.tower = tower
+        self.sessions = dict(sorted(sessions.items()))
+        self.buckets = list(self.sessions)
+
+    def run(self, batch: np.ndarray) -> np.ndarray:
+        """Run a batch whose size is exactly one of the buckets."""
+        session = self.sessions.get(len(batch))
+        if session is None:
+            raise ModelError(f"{self.tower}: batch of {len(batch)} is not a bucket ({self.buckets})")
+        return session.run(batch)
+
+    @classmethod
+    def open(
+        cls,
+        manifest: ModelManifest,
+        tower: str,
+        precision: str,
+        buckets: Sequence[int],
+        config: SessionConfig,
+        factory: SessionFactory = OrtSession,
+    ) -> BucketedSession:
+        spec = manifest.towers[tower]
+        sessions = {
+            b: factory(manifest.graph_path(tower, precision, b), config, spec.input_name, spec.output_name)
+            for b in buckets
+        }
+        return cls(tower, sessions)
+
+
+def dummy_batch(tower: str, bucket: int, image_size: int, context_length: int) -> np.ndarray:
+    """A valid input of one bucket's shape: [CLS] [SEP] token rows, or grey images."""
+    if tower == "text":
+        ids = np.zeros((bucket, context_length), dtype=np.int64)
+        ids[:, 0], ids[:, 1] = 101, 102  # cn_clip's [CLS] and [SEP]
+        return ids
+    return np.zeros((bucket, 3, image_size, image_size), dtype=np.float32)
+
+
+class Stream:
+    """One inference lane: a bucketed session and the single thread that runs it."""
+
+    def __init__(self, index: int, session: BucketedSession, cores: Sequence[int] = (), pin: bool = False) -> None:
+        self.index = index
+        self.session = session
+        self.cores = list(cores)
+        self.batches = 0
+        self.busy_seconds = 0.0
+        initializer = self._pin_thread if pin and self.cores else None
+        self.executor = ThreadPoolExecutor(
+            max_workers=1, thread_name_prefix=f"{session.tower}-stream{index}", initializer=initializer
+        )
+
+    def _pin_thread(self) -> None:
+        # On Linux, pid 0 means the calling thread: the thread that drives this stream's session.
+        os.sched_setaffinity(0, {self.cores[0]})
+
+    def run_timed(self, batch: np.ndarray) -> tuple[np.ndarray, float]:
+        """Run in this stream's thread (call through `executor`); returns output and seconds."""
+        start = time.perf_counter()
+        out = self.session.run(batch)
+        elapsed = time.perf_counter() - start
+        self.batches += 1
+        self.busy_seconds += elapsed
+        return out, elapsed
+
+    def warm_up(self, image_size: int, context_length: int) -> None:
+        """Run every bucket once (on CANN this compiles each static model); fails loudly if one cannot run."""
+        for bucket in self.session.buckets:
+            start = time.perf_counter()
+            out = self.session.run(dummy_batch(self.session.tower, bucket, image_size, context_length))
+            if out.shape[0] != bucket:
+                raise ModelError(f"{self.session.tower} bucket {bucket} returned {out.shape[0]} rows")
+            log.debug("warmed %s bucket %d in %.3fs", self.session.tower, bucket, time.perf_counter() - start)
+
+    def close(self) -> None:
+        self.executor.shutdown(wait=True)
+
+
+class StreamPool:
+    """Idle streams of one tower; `acquire` returns the stream idle longest (the least busy)."""
+
+    def __init__(self, streams: Sequence[Stream]) -> None:
+        self.streams = list(streams)
+        self._idle: asyncio.Queue[Stream] = asyncio.Queue()
+        for stream in self.streams:
+            self._idle.put_nowait(stream)
+
+    async def acquire(self) -> Stream:
+        return await self._idle.get()
+
+    def release(self, stream: Stream) -> None:
+        self._idle.put_nowait(stream)
+
+    @property
+    def idle(self) -> int:
+        return self._idle.qsize()
+
+    def close(self) -> None:
+        for stream in self.streams:
+            stream.close()
