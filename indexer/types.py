@@ -60,6 +60,11 @@ class NewImage:
     tags: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     mtime: float | None = None
+    # Filled in by callers that probed the file already (the bulk indexer); otherwise the catalog does.
+    mime: str | None = None
+    width: int | None = None
+    height: int | None = None
+    sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,11 @@ class Catalog(Protocol):
     def get_collection(self, name: str) -> CollectionInfo: ...
 
     def list_collections(self) -> list[CollectionInfo]: ...
+
+    def ensure_collection(
+        self, name: str, kind: CollectionKind, model: str, dim: int, index: str | None = None
+    ) -> CollectionInfo:
+        """The collection `name`, created if missing; `Conflict` if it exists with another kind/model/dim."""
 
     def default_collection(self, kind: CollectionKind) -> CollectionInfo | None:
         """The collection searches use when the request names none: the only one, or the oldest."""

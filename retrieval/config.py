@@ -62,6 +62,22 @@ class Settings(BaseSettings):
     database_url: str | None = Field(
         None, description="SQLAlchemy URL; empty = SQLite file `catalog.db` under the data dir."
     )
+    index_factory: str = Field(
+        "Flat", description="FAISS factory string for new collections, e.g. Flat, HNSW32, IVF4096,Flat, IVF4096,PQ64."
+    )
+    index_train_min: int = Field(
+        10_000, ge=1, description="Vectors a collection needs before a non-Flat factory is trained (Flat until then)."
+    )
+    search_rerank_factor: int = Field(
+        4, ge=1, description="Approximate indexes fetch k × this many candidates and re-rank them exactly."
+    )
+    index_nprobe: int = Field(64, ge=1, description="IVF lists visited per search.")
+    index_ef_search: int = Field(128, ge=1, description="HNSW candidate list size per search.")
+    index_batch_size: int = Field(32, ge=1, description="Images per embedding batch and per commit in `cnclip index`.")
+    index_read_threads: int = Field(2, ge=1, description="Threads reading and hashing files in `cnclip index`.")
+    index_save_interval_s: float = Field(
+        30.0, ge=0, description="Longest time the FAISS file lags behind SQL (it is caught up from SQL on open)."
+    )
 
     # --- API -----------------------------------------------------------------------------------
     host: str = Field("127.0.0.1", description="Address `cnclip serve` binds.")

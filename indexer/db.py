@@ -1,0 +1,86 @@
+"""Database engine and schema migrations (Alembic, configured in code: no alembic.ini needed)."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.exc import OperationalError
+
+from retrieval.config import Settings
+from retrieval.errors import CnclipError
+
+log = logging.getLogger(__name__)
+
+MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+
+
+class DatabaseUnavailable(CnclipError):
+    status_code = 503
+    code = "database_unavailable"
+
+
+def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    # WAL: readers never block the writer and a killed writer loses only its open transaction.
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA busy_timeout=10000")
+    cursor.close()
+
+
+def create_db_engine(url: str) -> Engine:
+    """An engine for `url`; SQLite files get WAL and foreign keys, their folder is created."""
+    if url.startswith("sqlite"):
+        path = url.split(":///", 1)[-1]
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 10})
+        event.listen(engine, "connect", _sqlite_pragmas)
+        return engine
+    return create_engine(url, pool_pre_ping=True)
+
+
+def alembic_config(url: str) -> Config:
+    """Alembic configured for our migrations folder and `url` (env.py reads it from here)."""
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return config
+
+
+def upgrade(engine: Engine, revision: str = "head") -> str | None:
+    """Bring the schema to `revision` on `engine`'s database; returns the revision now current."""
+    config = alembic_config(engine.url.render_as_string(hide_password=False))
+    try:
+        with engine.begin() as connection:
+            config.attributes["connection"] = connection
+            command.upgrade(config, revision)
+        return current_revision(engine)
+    except OperationalError as exc:
+        raise DatabaseUnavailable(f"cannot reach the database at {engine.url!r}: {exc.orig}") from exc
+
+
+def current_revision(engine: Engine) -> str | None:
+    with engine.connect() as connection:
+        return MigrationContext.configure(connection).get_current_revision()
+
+
+def head_revision() -> str | None:
+    return ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
+
+
+def upgrade_settings_db(settings: Settings) -> str | None:
+    """`cnclip db upgrade`: migrate the configured database to the newest schema."""
+    engine = create_db_engine(settings.sqlalchemy_url)
+    try:
+        return upgrade(engine)
+    finally:
+        engine.dispose()

@@ -1,0 +1,98 @@
+"""SQLAlchemy 2 models: the SQL source of truth. FAISS indexes are derived from these rows.
+
+One `items` table holds images and texts alike, because item ids are global: they are the FAISS
+ids, `Catalog.get(item_id)` must be unambiguous, and dedupe, delete and reconcile are the same
+code for both kinds. A text item keeps its text in `caption` and the sha256 of its UTF-8 bytes.
+Vectors live in their own table (float32 bytes + the model that made them) so metadata queries
+and filters scan narrow rows.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# SQLite only gives AUTOINCREMENT (ids never reused) to INTEGER PRIMARY KEY; ids must never be
+# reused, or a stale FAISS vector could be taken for a new row after a crash.
+ItemId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+def utcnow() -> datetime:
+    """Naive UTC: both backends store timestamps without a zone, by this convention."""
+    return datetime.now(UTC).replace(tzinfo=None)
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class CollectionRow(Base):
+    __tablename__ = "collections"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    kind: Mapped[str] = mapped_column(String(16))  # images | texts
+    model: Mapped[str] = mapped_column(String(200))  # model id every vector of the collection was made with
+    dim: Mapped[int] = mapped_column(Integer)
+    index_factory: Mapped[str] = mapped_column(String(200), default="Flat")
+    created_at: Mapped[datetime] = mapped_column(DateTime(), default=utcnow)
+
+
+class ItemRow(Base):
+    __tablename__ = "items"
+    __table_args__ = (
+        UniqueConstraint("collection_id", "sha256", name="uq_items_collection_sha256"),
+        Index("ix_items_collection_path", "collection_id", "path"),
+        Index("ix_items_collection_created", "collection_id", "created_at"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(ItemId, primary_key=True, autoincrement=True)
+    collection_id: Mapped[int] = mapped_column(ForeignKey("collections.id", ondelete="CASCADE"))
+    path: Mapped[str | None] = mapped_column(Text)  # source file of a bulk-indexed image
+    sha256: Mapped[str] = mapped_column(String(64))
+    size: Mapped[int | None] = mapped_column(BigInteger)
+    mime: Mapped[str | None] = mapped_column(String(64))
+    width: Mapped[int | None] = mapped_column(Integer)
+    height: Mapped[int | None] = mapped_column(Integer)
+    caption: Mapped[str | None] = mapped_column(Text)
+    tags: Mapped[list[str]] = mapped_column(JSON, default=list)
+    extra: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    mtime: Mapped[float | None] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(DateTime(), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(), default=utcnow, onupdate=utcnow)
+
+
+class ItemTagRow(Base):
+    """One row per (item, tag): tag filters are a SQL query, not a scan of JSON."""
+
+    __tablename__ = "item_tags"
+    __table_args__ = (Index("ix_item_tags_tag", "tag"),)
+
+    item_id: Mapped[int] = mapped_column(ItemId, ForeignKey("items.id", ondelete="CASCADE"), primary_key=True)
+    tag: Mapped[str] = mapped_column(String(200), primary_key=True)
+
+
+class VectorRow(Base):
+    """The durable copy of an item's vector: FAISS is rebuilt or caught up from these rows."""
+
+    __tablename__ = "vectors"
+
+    item_id: Mapped[int] = mapped_column(ItemId, ForeignKey("items.id", ondelete="CASCADE"), primary_key=True)
+    model: Mapped[str] = mapped_column(String(200))
+    vector: Mapped[bytes] = mapped_column(LargeBinary)  # float32, little-endian, L2-normalised

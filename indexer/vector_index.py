@@ -1,0 +1,269 @@
+"""One FAISS index per collection: ID-mapped (ids = SQL primary keys), inner product, derived data.
+
+`Flat` until the collection is large enough to train its configured factory (IVF, HNSW, PQ);
+approximate indexes fetch k·r candidates and re-rank them exactly with the stored vectors.
+Files are written whole and atomically (temp file, fsync, rename) with a checksum, so a reader
+sees the old index or the new one, and a damaged file is detected and rebuilt from SQL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import struct
+import threading
+import zlib
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+MAGIC = b"CNCLIPIX1"
+FetchVectors = Callable[[np.ndarray], np.ndarray]  # ids -> (len(ids), dim) float32, same order
+
+
+class IndexFileError(Exception):
+    """A saved index that cannot be used (missing, truncated, corrupt, other dim/model)."""
+
+
+class ReadWriteLock:
+    """Many concurrent searches, one mutation at a time (FAISS is not safe for add during search)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._readers = 0
+        self._writing = False
+
+    @contextmanager
+    def read(self) -> Iterator[None]:
+        with self._cond:
+            while self._writing:
+                self._cond.wait()
+            self._readers += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._readers -= 1
+                self._cond.notify_all()
+
+    @contextmanager
+    def write(self) -> Iterator[None]:
+        with self._cond:
+            while self._writing or self._readers:
+                self._cond.wait()
+            self._writing = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._writing = False
+                self._cond.notify_all()
+
+
+@dataclass(frozen=True)
+class SearchTuning:
+    rerank_factor: int = 4  # approximate indexes fetch k*rerank_factor candidates, then re-rank exactly
+    nprobe: int = 32  # IVF lists visited per query
+    ef_search: int = 128  # HNSW candidate list size
+    train_min: int = 10_000  # vectors needed before a non-flat factory is trained and used
+    exact_filter_max: int = 4096  # filters matching at most this many items are searched exactly
+
+
+def training_threshold(factory: str, tuning: SearchTuning) -> int:
+    """Vectors a collection needs before `factory` replaces Flat (IVF wants ~39 points per list)."""
+    if factory == "Flat":
+        return 0
+    match = re.search(r"IVF(\d+)", factory)
+    nlist = int(match.group(1)) if match else 0
+    return max(tuning.train_min, 39 * nlist)
+
+
+def id_checksum(ids: np.ndarray) -> int:
+    """Order-independent checksum of a set of ids (reconcile compares count, max id and this)."""
+    mixed = (np.asarray(ids, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ np.uint64(0xBF58476D1CE4E5B9)
+    return int(np.bitwise_xor.reduce(mixed)) if len(mixed) else 0
+
+
+class VectorIndex:
+    """A FAISS IndexIDMap2 plus what is needed to search it well and save it safely."""
+
+    def __init__(self, dim: int, factory: str = "Flat", model: str = "", tuning: SearchTuning | None = None) -> None:
+        self.dim = dim
+        self.factory = factory  # configured target
+        self.model = model
+        self.tuning = tuning or SearchTuning()
+        self.active = "Flat"  # what the index is now: Flat, or `factory` once trained
+        self.index: faiss.IndexIDMap2 = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
+        # Ids removed from an index that cannot remove (HNSW): filtered out of every search.
+        self.tombstones: set[int] = set()
+        self.lock = ReadWriteLock()
+
+    # --- contents -------------------------------------------------------------------------
+    @property
+    def ntotal(self) -> int:
+        return int(self.index.ntotal) - len(self.tombstones)
+
+    def ids(self) -> np.ndarray:
+        with self.lock.read():
+            ids = faiss.vector_to_array(self.index.id_map).astype(np.int64)
+        if self.tombstones:
+            ids = ids[~np.isin(ids, np.fromiter(self.tombstones, dtype=np.int64))]
+        return ids
+
+    def add(self, ids: np.ndarray, vectors: np.ndarray) -> None:
+        if len(ids) == 0:
+            return
+        vectors = np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1, self.dim)
+        with self.lock.write():
+            self.index.add_with_ids(vectors, np.ascontiguousarray(ids, dtype=np.int64))
+
+    def remove(self, ids: np.ndarray) -> None:
+        if len(ids) == 0:
+            return
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        with self.lock.write():
+            try:
+                self.index.remove_ids(ids)
+            except RuntimeError:  # HNSW cannot remove: hide the ids instead
+                self.tombstones.update(int(i) for i in ids)
+
+    def replace_with(self, other: VectorIndex) -> None:
+        """Swap in a rebuilt index (searches see the old one or the new one, never half of one)."""
+        with self.lock.write():
+            self.index, self.active, self.tombstones = other.index, other.active, other.tombstones
+
+    # --- training -----------------------------------------------------------------------------
+    def wants_training(self, count: int) -> bool:
+        return (
+            self.active != self.factory
+            and self.factory != "Flat"
+            and count >= training_threshold(self.factory, self.tuning)
+        )
+
+    def build(self, ids: np.ndarray, fetch: FetchVectors, chunk: int = 20_000) -> VectorIndex:
+        """A new index of this one's kind holding `ids` (vectors from `fetch`), trained if large enough."""
+        fresh = VectorIndex(self.dim, self.factory, self.model, self.tuning)
+        if fresh.wants_training(len(ids)):
+            inner = faiss.index_factory(self.dim, self.factory, faiss.METRIC_INNER_PRODUCT)
+            if not inner.is_trained:
+                sample_size = min(len(ids), max(100_000, 64 * training_threshold(self.factory, self.tuning) // 39))
+                rng = np.random.default_rng(0)
+                sample = np.sort(rng.choice(ids, size=sample_size, replace=False))
+                inner.train(np.ascontiguousarray(fetch(sample), dtype=np.float32))
+            fresh.index = faiss.IndexIDMap2(inner)
+            fresh.active = self.factory
+        for start in range(0, len(ids), chunk):
+            part = ids[start : start + chunk]
+            fresh.index.add_with_ids(np.ascontiguousarray(fetch(part), dtype=np.float32), part.astype(np.int64))
+        return fresh
+
+    # --- search --------------------------------------------------------------------------------
+    def _params(self, selector: faiss.IDSelector | None) -> faiss.SearchParameters | None:
+        inner = faiss.downcast_index(self.index.index)
+        if "HNSW" in self.active and hasattr(inner, "hnsw"):
+            return faiss.SearchParametersHNSW(sel=selector, efSearch=self.tuning.ef_search)
+        if "IVF" in self.active:
+            return faiss.SearchParametersIVF(sel=selector, nprobe=self.tuning.nprobe)
+        return faiss.SearchParameters(sel=selector) if selector is not None else None
+
+    def search(
+        self, query: np.ndarray, k: int, fetch: FetchVectors, allowed: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Top `k` (ids, scores) for one L2-normalised query; `allowed` restricts to those ids."""
+        query = np.ascontiguousarray(query, dtype=np.float32).reshape(1, self.dim)
+        if allowed is not None and self.tombstones:
+            allowed = allowed[~np.isin(allowed, np.fromiter(self.tombstones, dtype=np.int64))]
+        exact = self.active == "Flat"
+        if allowed is not None and not exact and len(allowed) <= max(self.tuning.exact_filter_max, k):
+            return _exact(query, allowed, fetch(allowed), k)
+        with self.lock.read():
+            total = int(self.index.ntotal)
+            if total == 0:
+                return np.empty(0, np.int64), np.empty(0, np.float32)
+            want = k if exact else k * max(1, self.tuning.rerank_factor)
+            want = min(want + len(self.tombstones), total)
+            selector: faiss.IDSelector | None = None
+            if allowed is not None:
+                selector = faiss.IDSelectorBatch(np.ascontiguousarray(allowed, dtype=np.int64))
+            elif self.tombstones:
+                hidden = faiss.IDSelectorBatch(np.fromiter(self.tombstones, dtype=np.int64))
+                selector = faiss.IDSelectorNot(hidden)
+            scores, labels = self.index.search(query, want, params=self._params(selector))
+        keep = labels[0] >= 0
+        ids, scores = labels[0][keep], scores[0][keep]
+        if not exact:
+            ids, scores = _exact(query, ids, fetch(ids), k)  # re-rank with the stored vectors
+        ids, scores = ids[:k], scores[:k]
+        if allowed is not None and len(ids) < min(k, len(allowed)):
+            # An approximate index can miss members of a narrow filter: never return too few.
+            return _exact(query, allowed, fetch(allowed), k)
+        return ids, scores
+
+    # --- files ------------------------------------------------------------------------------------
+    def save(self, path: Path) -> None:
+        """Write atomically: temp file in the same folder, fsync, rename, fsync the folder."""
+        with self.lock.read():
+            meta = {
+                "dim": self.dim,
+                "factory": self.factory,
+                "active": self.active,
+                "model": self.model,
+                "tombstones": sorted(self.tombstones),
+            }
+            body = faiss.serialize_index(self.index)
+        header = json.dumps(meta).encode()
+        crc = zlib.crc32(body, zlib.crc32(header))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
+        with open(tmp, "wb") as f:
+            f.write(MAGIC + struct.pack("<IQ", len(header), len(body)) + header)
+            f.write(memoryview(body))
+            f.write(struct.pack("<I", crc))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+        dir_fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+
+    @classmethod
+    def load(cls, path: Path, dim: int, factory: str, model: str, tuning: SearchTuning | None = None) -> VectorIndex:
+        """The index saved at `path`; IndexFileError says why it cannot be used."""
+        try:
+            raw = path.read_bytes()
+        except FileNotFoundError as exc:
+            raise IndexFileError("no index file") from exc
+        head = len(MAGIC) + struct.calcsize("<IQ")
+        if len(raw) < head + 4 or not raw.startswith(MAGIC):
+            raise IndexFileError("not an index file")
+        header_len, body_len = struct.unpack("<IQ", raw[len(MAGIC) : head])
+        if len(raw) != head + header_len + body_len + 4:
+            raise IndexFileError("truncated index file")
+        header = raw[head : head + header_len]
+        body = raw[head + header_len : head + header_len + body_len]
+        (crc,) = struct.unpack("<I", raw[-4:])
+        if zlib.crc32(body, zlib.crc32(header)) != crc:
+            raise IndexFileError("checksum mismatch")
+        meta = json.loads(header)
+        if (meta["dim"], meta["factory"], meta["model"]) != (dim, factory, model):
+            raise IndexFileError("made for another dim, factory or model")
+        loaded = cls(dim, factory, model, tuning)
+        loaded.index = faiss.deserialize_index(np.frombuffer(body, dtype=np.uint8))
+        loaded.active = meta["active"]
+        loaded.tombstones = set(meta["tombstones"])
+        return loaded
+
+
+def _exact(query: np.ndarray, ids: np.ndarray, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    if len(ids) == 0:
+        return np.empty(0, np.int64), np.empty(0, np.float32)
+    scores = vectors.reshape(len(ids), -1) @ query[0]
+    top = np.argsort(-scores, kind="stable")[:k]
+    return np.asarray(ids, dtype=np.int64)[top], scores[top].astype(np.float32)
