@@ -1,0 +1,92 @@
+"""The app factory. The lifespan owns the resources: it opens the encoder (warming every bucket)
+and the catalog unless they were injected, puts them on `app.state`, and closes what it opened."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI
+from fastapi.responses import FileResponse
+from fastapi.staticfiles import StaticFiles
+
+from api.deps import run_blocking
+from api.errors import install_error_handlers
+from api.label_store import LabelSetStore
+from api.limits import FORM_OVERHEAD, BodySizeLimitMiddleware
+from api.metrics import RequestMetricsMiddleware, ServiceMetrics
+from api.routes import classify, collections, embed, health, items, label_sets, search
+from indexer.types import Catalog
+from retrieval.config import Settings
+from retrieval.types import Encoder
+
+log = logging.getLogger("cnclip.api")
+
+WEB_DIR = Path(__file__).resolve().parent.parent / "web"
+
+
+def create_app(settings: Settings, encoder: Encoder | None = None, catalog: Catalog | None = None) -> FastAPI:
+    """Build the service. `encoder` / `catalog` are injected by tests; otherwise the lifespan
+    opens them from `settings` (and closes them on shutdown)."""
+    metrics = ServiceMetrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Imported here: they pull in ONNX Runtime / SQLAlchemy, which tests with fakes do not need.
+        from indexer.catalog import open_catalog
+        from retrieval.encoder import create_encoder
+        from retrieval.zeroshot import ZeroShotClassifier
+
+        own_catalog = catalog is None
+        own_encoder = encoder is None
+        cat = await run_blocking(open_catalog, settings) if own_catalog else catalog
+        try:
+            enc = create_encoder(settings, observer=metrics) if own_encoder else encoder
+            assert enc is not None
+            app.state.catalog = cat
+            app.state.encoder = enc
+            app.state.zeroshot = ZeroShotClassifier(enc)
+            try:
+                if not enc.ready:
+                    log.info("warming up the encoder (%s)", getattr(enc, "model_id", "?"))
+                    await enc.start()
+                yield
+            finally:
+                if own_encoder:
+                    await enc.close()
+        finally:
+            app.state.encoder = None
+            app.state.catalog = None
+            if own_catalog and cat is not None:
+                await run_blocking(cat.close)
+
+    app = FastAPI(
+        title="cnclip-search",
+        summary="Cross-modal search with Chinese CLIP: text→image, image→text, image→image, zero-shot.",
+        version="0.1.0",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.metrics = metrics
+    app.state.encoder = None
+    app.state.catalog = None
+    app.state.label_sets = LabelSetStore(settings.data_dir / "label_sets.json")
+    app.state.thumbs_dir = settings.data_dir / "thumbs"
+
+    install_error_handlers(app)
+    for module in (search, classify, embed, collections, items, label_sets, health):
+        app.include_router(module.router)
+    # KServe v2 / Triton HTTP protocol routes (api/triton*) are included here.
+
+    @app.get("/", include_in_schema=False)
+    async def index() -> FileResponse:
+        return FileResponse(WEB_DIR / "index.html", headers={"Cache-Control": "no-cache"})
+
+    app.mount("/static", StaticFiles(directory=WEB_DIR), name="static")
+
+    # Outermost first: time everything, then cap the body before any route reads it.
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_image_bytes + FORM_OVERHEAD)
+    app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
+    return app

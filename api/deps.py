@@ -1,0 +1,93 @@
+"""Dependencies the routes declare with `Annotated`: the app's settings, encoder, catalog and
+stores (all from `app.state`, set by the lifespan), API-key checks, and `run_blocking` for the
+catalog's synchronous calls (SQL and FAISS never run on the event loop)."""
+
+from __future__ import annotations
+
+import functools
+import hmac
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
+
+import anyio.to_thread
+from fastapi import Depends, Request
+
+from api.label_store import LabelSetStore
+from api.metrics import ServiceMetrics
+from indexer.types import Catalog
+from retrieval.config import Settings
+from retrieval.errors import EncoderUnavailable, Unauthorized
+from retrieval.types import Encoder
+
+T = TypeVar("T")
+
+
+async def run_blocking(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run a blocking call (SQL, FAISS, PIL) in a worker thread."""
+    return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
+
+
+async def _settings(request: Request) -> Settings:
+    return request.app.state.settings
+
+
+async def _encoder(request: Request) -> Encoder:
+    encoder = getattr(request.app.state, "encoder", None)
+    if encoder is None or not encoder.ready:
+        raise EncoderUnavailable("the model is not loaded yet; retry in a moment")
+    return encoder
+
+
+async def _catalog(request: Request) -> Catalog:
+    catalog = getattr(request.app.state, "catalog", None)
+    if catalog is None:
+        raise EncoderUnavailable("the catalog is not open yet; retry in a moment")
+    return catalog
+
+
+async def _metrics(request: Request) -> ServiceMetrics:
+    return request.app.state.metrics
+
+
+async def _label_sets(request: Request) -> LabelSetStore:
+    return request.app.state.label_sets
+
+
+def _presented_key(request: Request) -> str | None:
+    auth = request.headers.get("authorization")
+    if auth:
+        scheme, _, token = auth.partition(" ")
+        if scheme.lower() == "bearer" and token.strip():
+            return token.strip()
+    return request.headers.get("x-api-key")
+
+
+def _check_key(request: Request, required: bool) -> None:
+    settings: Settings = request.app.state.settings
+    if settings.api_key is None or not required:
+        return
+    presented = _presented_key(request)
+    if presented is None:
+        raise Unauthorized("this request needs the API key: send 'Authorization: Bearer <key>' or 'X-API-Key: <key>'")
+    expected = settings.api_key.get_secret_value().encode("utf-8")
+    if not hmac.compare_digest(presented.encode("utf-8"), expected):
+        raise Unauthorized("the API key is wrong")
+
+
+async def require_write_key(request: Request) -> None:
+    """Every write needs the key (when one is configured)."""
+    _check_key(request, required=True)
+
+
+async def require_read_key(request: Request) -> None:
+    """Reads need the key only when `require_key_for_reads` is set."""
+    _check_key(request, required=request.app.state.settings.require_key_for_reads)
+
+
+SettingsDep = Annotated[Settings, Depends(_settings)]
+EncoderDep = Annotated[Encoder, Depends(_encoder)]
+CatalogDep = Annotated[Catalog, Depends(_catalog)]
+MetricsDep = Annotated[ServiceMetrics, Depends(_metrics)]
+LabelSetsDep = Annotated[LabelSetStore, Depends(_label_sets)]
+ReadAccess = Depends(require_read_key)
+WriteAccess = Depends(require_write_key)

@@ -1,0 +1,47 @@
+"""A cap on request body size for the whole app, checked before a route reads anything.
+
+Multipart uploads are spooled to disk by the form parser, so without this a client could make
+the server write any amount of data before the per-file check in `uploads.read_upload` runs.
+"""
+
+from __future__ import annotations
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from api.errors import error_response
+from retrieval.errors import PayloadTooLarge
+
+FORM_OVERHEAD = 1 << 20  # room for multipart headers and the small form fields next to the file
+
+
+class BodySizeLimitMiddleware:
+    """413 when Content-Length (or the streamed body) exceeds `max_bytes`."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+            response = error_response(
+                413, PayloadTooLarge.code, f"the request body is larger than the limit of {self.max_bytes} bytes"
+            )
+            await response(scope, receive, send)
+            return
+        received = 0
+
+        async def counting_receive() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_bytes:
+                    # Raised inside the route's body read, so the app's error handler answers 413.
+                    raise PayloadTooLarge(f"the request body is larger than the limit of {self.max_bytes} bytes")
+            return message
+
+        await self.app(scope, counting_receive, send)

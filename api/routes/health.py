@@ -1,0 +1,36 @@
+"""Liveness, readiness and Prometheus metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+
+from api.deps import MetricsDep, ReadAccess, run_blocking
+from api.metrics import CONTENT_TYPE_LATEST
+from api.schemas import Health
+from retrieval.errors import EncoderUnavailable
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz", response_model=Health)
+async def healthz() -> Health:
+    """The process is up and answering."""
+    return Health(status="ok")
+
+
+@router.get("/readyz", response_model=Health)
+async def readyz(request: Request) -> Health:
+    """Encoders warm and catalog open (503 otherwise)."""
+    state = request.app.state
+    if state.catalog is None:
+        raise EncoderUnavailable("the catalog is not open yet")
+    if state.encoder is None or not state.encoder.ready:
+        raise EncoderUnavailable("the encoder is still warming up")
+    return Health(status="ready")
+
+
+@router.get("/metrics", dependencies=[ReadAccess])
+async def metrics(request: Request, service_metrics: MetricsDep) -> Response:
+    """Prometheus text format."""
+    await run_blocking(service_metrics.refresh, request.app.state.encoder, request.app.state.catalog)
+    return Response(service_metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,158 @@
+"""Request and response bodies of the REST API. Separate from the catalog's records: the API
+decides what clients see (urls, not paths) and validates what they send (lengths, counts)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+
+MAX_QUERY_CHARS = 512
+MAX_K = 200
+MAX_LABELS = 100
+MAX_LABEL_CHARS = 100
+MAX_TEMPLATES = 20
+MAX_EMBED_TEXTS = 256
+MAX_EMBED_IMAGES = 32
+MAX_TEXTS_PER_REQUEST = 1000
+MAX_TAGS = 50
+
+# A collection or label-set name: letters (any script), digits, '_', '-', '.'.
+NAME_PATTERN = r"^[\w.\-]{1,64}$"
+
+Query = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_QUERY_CHARS)]
+Label = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_LABEL_CHARS)]
+Tag = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=64)]
+Template = Annotated[str, StringConstraints(min_length=1, max_length=200)]
+CollectionName = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Filters(StrictModel):
+    tags: list[Tag] | None = Field(None, max_length=MAX_TAGS, description="An item must carry every tag.")
+    mime: list[str] | None = Field(None, max_length=10, description="An item's mime type must be one of these.")
+    date_from: datetime | None = Field(None, description="Added at or after (ISO 8601).")
+    date_to: datetime | None = Field(None, description="Added at or before (ISO 8601).")
+
+
+class TextSearchRequest(StrictModel):
+    query: Query = Field(description="Text to search for, at most 512 characters.", examples=["穿红色裙子的女孩"])
+    k: int = Field(20, ge=1, le=MAX_K, description="How many results.")
+    collection: CollectionName | None = Field(None, description="Defaults to the default image collection.")
+    filters: Filters | None = None
+
+
+class SearchResult(BaseModel):
+    id: int
+    score: float = Field(description="Cosine similarity, -1..1.")
+    caption: str | None
+    tags: list[str]
+    image_url: str | None = Field(description="None for text items.")
+    thumbnail_url: str | None
+    width: int | None
+    height: int | None
+
+
+class SearchResponse(BaseModel):
+    results: list[SearchResult]
+    collection: str
+    timings: dict[str, float] = Field(description="Milliseconds per stage: read, encode, search, db, total.")
+
+
+class LabelProbability(BaseModel):
+    label: str
+    probability: float
+
+
+class EmbedTextRequest(StrictModel):
+    texts: list[Query] = Field(min_length=1, max_length=MAX_EMBED_TEXTS)
+
+
+class EmbedResponse(BaseModel):
+    vectors: list[list[float]]
+    model: str
+    dim: int
+
+
+class CollectionOut(BaseModel):
+    name: str
+    kind: Literal["images", "texts"]
+    items: int
+    vectors: int
+    model: str
+    dim: int
+    index: str
+    default: bool = Field(description="Searches that name no collection of this kind use this one.")
+    created_at: datetime | None
+
+
+class CreateCollectionRequest(StrictModel):
+    name: CollectionName
+    kind: Literal["images", "texts"]
+    index: str | None = Field(
+        None, max_length=64, description="FAISS factory string, e.g. Flat or IVF1024,PQ64; default: the server's."
+    )
+
+
+class ItemOut(BaseModel):
+    id: int
+    collection: str
+    kind: Literal["images", "texts"]
+    caption: str | None
+    tags: list[str]
+    mime: str | None
+    size: int | None
+    width: int | None
+    height: int | None
+    image_url: str | None
+    thumbnail_url: str | None
+    created_at: datetime | None
+
+
+class AddedItem(BaseModel):
+    id: int
+    created: bool = Field(description="False when an identical item already existed.")
+
+
+class TextIn(StrictModel):
+    text: Query
+    tags: list[Tag] = Field(default_factory=list, max_length=MAX_TAGS)
+
+
+class AddTextsRequest(StrictModel):
+    texts: list[TextIn | Query] = Field(min_length=1, max_length=MAX_TEXTS_PER_REQUEST)
+
+    def normalised(self) -> list[TextIn]:
+        return [t if isinstance(t, TextIn) else TextIn(text=t) for t in self.texts]
+
+
+class AddedItems(BaseModel):
+    items: list[AddedItem]
+
+
+class Deleted(BaseModel):
+    deleted: int
+
+
+class LabelSet(StrictModel):
+    labels: list[Label] = Field(min_length=1, max_length=MAX_LABELS)
+    templates: list[Template] | None = Field(None, max_length=MAX_TEMPLATES)
+
+    @field_validator("templates")
+    @classmethod
+    def _templates_have_slot(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and any("{}" not in t for t in value):
+            raise ValueError("every template must contain {} where the label goes, e.g. 一张{}的照片")
+        return value
+
+
+class NamedLabelSet(LabelSet):
+    name: str
+
+
+class Health(BaseModel):
+    status: str
