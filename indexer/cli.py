@@ -1,9 +1,271 @@
-"""CLI commands of this package (see api/cli.py)."""
+"""CLI commands of this package (see api/cli.py): db upgrade, index, index-texts, stats, search."""
 
 from __future__ import annotations
 
+import asyncio
+import functools
+import json
+import logging
+import signal
+from collections.abc import Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+
 import typer
+
+if TYPE_CHECKING:
+    from indexer.pipeline import IndexSummary
+    from retrieval.config import Settings
+
+F = TypeVar("F", bound=Callable[..., Any])
+EXIT_INTERRUPTED = 130
+SHOWN_FAILURES = 20  # bad files printed on the terminal; the report file has all of them
+
+
+def _friendly_errors(command: F) -> F:
+    """Project errors become one red line and exit status 1, never a traceback."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        from retrieval.errors import CnclipError
+
+        try:
+            return command(*args, **kwargs)
+        except CnclipError as exc:
+            typer.secho(f"error: {exc.message}", fg=typer.colors.RED, err=True)
+            raise typer.Exit(1) from None
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _settings() -> Settings:
+    from retrieval.config import Settings
+
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    for noisy in ("alembic", "faiss.loader"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    return Settings()
 
 
 def register(app: typer.Typer) -> None:
     """Add this package's commands to the `cnclip` app."""
+    db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
+    app.add_typer(db_app, name="db")
+
+    @db_app.command("upgrade")
+    @_friendly_errors
+    def db_upgrade() -> None:
+        """Create or migrate the catalog database (SQLite file or CNCLIP_DATABASE_URL) to the newest schema."""
+        from indexer.db import upgrade_settings_db
+
+        settings = _settings()
+        revision = upgrade_settings_db(settings)
+        typer.echo(f"database at schema revision {revision}")
+
+    @app.command("index")
+    @_friendly_errors
+    def index(
+        source: Annotated[Path, typer.Argument(help="A folder (walked recursively) or a .jsonl/.csv manifest.")],
+        collection: Annotated[str, typer.Option("--collection", "-c", help="Image collection to index into.")],
+        prune: Annotated[bool, typer.Option(help="Remove rows whose files no longer exist.")] = False,
+        dry_run: Annotated[bool, typer.Option("--dry-run", help="Only say what would be done.")] = False,
+        report: Annotated[Path | None, typer.Option(help="Where to write bad files (JSONL).")] = None,
+        batch_size: Annotated[
+            int | None, typer.Option(help="Images per batch (default CNCLIP_INDEX_BATCH_SIZE).")
+        ] = None,
+        index_factory: Annotated[
+            str | None,
+            typer.Option("--index", help="FAISS factory for a new collection (default CNCLIP_INDEX_FACTORY)."),
+        ] = None,
+    ) -> None:
+        """Index the images of a folder or manifest: incremental, resumable, bad files reported."""
+        settings = _settings()
+        summary = asyncio.run(_index(settings, source, collection, prune, dry_run, batch_size, index_factory))
+        _print_summary(summary, dry_run)
+        if summary.failures:
+            path = report or settings.data_dir / "reports" / f"index-{collection}-{_stamp()}.jsonl"
+            _write_report(path, summary.failures)
+            typer.echo(f"bad files: {path}")
+        if summary.interrupted:
+            typer.echo("interrupted: everything committed is kept; run the same command again to resume")
+            raise typer.Exit(EXIT_INTERRUPTED)
+
+    @app.command("index-texts")
+    @_friendly_errors
+    def index_texts(
+        file: Annotated[Path, typer.Argument(help="One text per line, or JSONL with {text, tags, extra}.")],
+        collection: Annotated[str, typer.Option("--collection", "-c", help="Text collection to fill.")],
+    ) -> None:
+        """Build a text collection (captions, tags) for image → text search."""
+        from indexer.texts import read_texts
+
+        settings = _settings()
+        texts = read_texts(file)
+        added, existing = asyncio.run(_index_texts(settings, collection, texts))
+        typer.echo(f"{collection}: {added} texts added, {existing} already there")
+
+    @app.command("stats")
+    @_friendly_errors
+    def stats(as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False) -> None:
+        """Per collection: SQL items and FAISS vectors (equal when consistent), model and index."""
+        from indexer.catalog import open_catalog
+
+        catalog = open_catalog(_settings())
+        try:
+            infos = catalog.list_collections()
+        finally:
+            catalog.close()
+        rows = [
+            {"name": i.name, "kind": i.kind, "items": i.items, "vectors": i.vectors, "model": i.model, "index": i.index}
+            for i in infos
+        ]
+        if as_json:
+            typer.echo(json.dumps({"collections": rows}, ensure_ascii=False))
+            return
+        from rich.console import Console
+        from rich.table import Table
+
+        table = Table("name", "kind", "items", "vectors", "model", "index")
+        for row in rows:
+            table.add_row(*(str(row[key]) for key in ("name", "kind", "items", "vectors", "model", "index")))
+        Console().print(table if rows else "no collections yet: `cnclip index FOLDER --collection NAME`")
+
+    @app.command("search")
+    @_friendly_errors
+    def search(
+        text: Annotated[str, typer.Argument(help="What to look for, e.g. 穿红色裙子的女孩.")],
+        collection: Annotated[
+            str | None, typer.Option("--collection", "-c", help="Default: the oldest image collection.")
+        ] = None,
+        k: Annotated[int, typer.Option("-k", min=1, max=1000, help="How many results.")] = 10,
+        as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    ) -> None:
+        """Search a collection with a text query (a quick check from the shell)."""
+        name, hits = asyncio.run(_search(_settings(), text, collection, k))
+        if as_json:
+            typer.echo(json.dumps({"collection": name, "results": hits}, ensure_ascii=False))
+            return
+        for rank, hit in enumerate(hits, start=1):
+            typer.echo(f"{rank:3d}  {hit['score']:.4f}  #{hit['id']}  {hit['path'] or hit['caption'] or ''}")
+
+
+async def _index(
+    settings: Settings,
+    source: Path,
+    collection: str,
+    prune: bool,
+    dry_run: bool,
+    batch_size: int | None,
+    index_factory: str | None,
+) -> IndexSummary:
+    from indexer.catalog import open_catalog
+    from indexer.pipeline import ImageIndexer
+    from indexer.progress import IndexProgress
+    from retrieval.encoder import create_encoder
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_sigint() -> None:
+        # First Ctrl-C: finish the batches in flight and stop. A second one aborts at once.
+        typer.echo("\nstopping after the batches in flight (Ctrl-C again to abort)…", err=True)
+        stop.set()
+        loop.remove_signal_handler(signal.SIGINT)
+
+    catalog = await asyncio.to_thread(open_catalog, settings)
+    encoder = create_encoder(settings)
+    loop.add_signal_handler(signal.SIGINT, on_sigint)
+    try:
+        await encoder.start()
+        indexer = ImageIndexer(
+            catalog,
+            encoder,
+            collection,
+            batch_size=batch_size or settings.index_batch_size,
+            read_threads=settings.index_read_threads,
+            inflight=max(2, settings.streams + 1),
+            index_factory=index_factory,
+        )
+        with IndexProgress(collection) as progress:
+            return await indexer.run(source, prune=prune, dry_run=dry_run, stop=stop, on_progress=progress.update)
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
+        await encoder.close()
+        await asyncio.to_thread(catalog.close)
+
+
+async def _index_texts(settings: Settings, collection: str, texts: list[Any]) -> tuple[int, int]:
+    from indexer.catalog import open_catalog
+    from indexer.pipeline import index_texts
+    from retrieval.encoder import create_encoder
+
+    catalog = await asyncio.to_thread(open_catalog, settings)
+    encoder = create_encoder(settings)
+    try:
+        await encoder.start()
+        return await index_texts(catalog, encoder, collection, texts, batch_size=max(settings.buckets))
+    finally:
+        await encoder.close()
+        await asyncio.to_thread(catalog.close)
+
+
+async def _search(settings: Settings, text: str, collection: str | None, k: int) -> tuple[str, list[dict[str, Any]]]:
+    from indexer.catalog import open_catalog
+    from retrieval.encoder import create_encoder
+    from retrieval.errors import Conflict, NotFound
+
+    catalog = await asyncio.to_thread(open_catalog, settings)
+    encoder = create_encoder(settings)
+    try:
+        info = catalog.get_collection(collection) if collection else catalog.default_collection("images")
+        if info is None:
+            raise NotFound("no image collection yet: `cnclip index FOLDER --collection NAME`")
+        if info.model != encoder.model_id:
+            raise Conflict(
+                f"collection {info.name!r} was embedded with {info.model!r}, the encoder is {encoder.model_id!r}"
+            )
+        await encoder.start()
+        vector = (await encoder.embed_texts([text]))[0]
+        hits = catalog.search(info.name, vector, k)
+        records = {r.id: r for r in catalog.get_many([h.id for h in hits])}
+        results = [
+            {"id": h.id, "score": round(h.score, 6), "path": records[h.id].path, "caption": records[h.id].caption}
+            for h in hits
+            if h.id in records
+        ]
+        return info.name, results
+    finally:
+        await encoder.close()
+        await asyncio.to_thread(catalog.close)
+
+
+def _stamp() -> str:
+    return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+
+
+def _write_report(path: Path, failures: list[tuple[str, str]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        for where, why in failures:
+            f.write(json.dumps({"path": where, "reason": why}, ensure_ascii=False) + "\n")
+
+
+def _print_summary(summary: IndexSummary, dry_run: bool) -> None:
+    if dry_run:
+        typer.echo(
+            f"dry run: {summary.would_index} files to read and embed, {summary.unchanged} unchanged, "
+            f"{summary.would_prune} rows to prune, {len(summary.failures)} unreadable"
+        )
+    else:
+        rate = summary.embedded / summary.seconds if summary.seconds else 0.0
+        typer.echo(
+            f"indexed {summary.added} new, {summary.changed} changed, {summary.renamed} renamed; "
+            f"skipped {summary.skipped} (unchanged {summary.unchanged}, duplicates {summary.duplicates}, "
+            f"not images {summary.not_images}); failed {len(summary.failures)}; pruned {summary.pruned}; "
+            f"{summary.seconds:.1f} s, {rate:.1f} images/s"
+        )
+    for where, why in summary.failures[:SHOWN_FAILURES]:
+        typer.echo(f"  bad: {where}: {why}")
+    if len(summary.failures) > SHOWN_FAILURES:
+        typer.echo(f"  … and {len(summary.failures) - SHOWN_FAILURES} more")

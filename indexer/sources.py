@@ -1,0 +1,114 @@
+"""What `cnclip index` reads: a folder (walked recursively) or a JSONL/CSV manifest of files."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from retrieval.errors import InvalidInput
+
+MANIFEST_SUFFIXES = {".jsonl", ".csv"}
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
+# File signatures of the formats Pillow opens: a file that starts like an image and cannot be read is
+# a broken image (reported); anything else in a folder is simply not an image (counted, not reported).
+IMAGE_SIGNATURES = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a", b"BM", b"II*\x00", b"MM\x00*")
+
+
+@dataclass(frozen=True)
+class SourceEntry:
+    path: Path  # absolute
+    caption: str | None = None
+    tags: tuple[str, ...] = ()
+    extra: dict[str, Any] = field(default_factory=dict)
+    listed: bool = False  # named by a manifest: it must be an image, so any failure is reported
+
+
+def looks_like_image(path: Path, head: bytes) -> bool:
+    """Whether a file claims to be an image (by its first bytes or, failing that, its name)."""
+    if head.startswith(IMAGE_SIGNATURES) or (head[:4] == b"RIFF" and head[8:12] == b"WEBP"):
+        return True
+    return path.suffix.lower() in IMAGE_SUFFIXES
+
+
+def load_entries(source: Path) -> tuple[list[SourceEntry], list[tuple[str, str]]]:
+    """The files to index and the manifest lines that could not be used, as (where, why)."""
+    source = source.expanduser()
+    if source.is_dir():
+        return walk_folder(source), []
+    if source.is_file() and source.suffix.lower() in MANIFEST_SUFFIXES:
+        return read_manifest(source)
+    if source.is_file():
+        raise InvalidInput(f"{source} is neither a folder nor a .jsonl/.csv manifest")
+    raise InvalidInput(f"{source} does not exist")
+
+
+def walk_folder(root: Path) -> list[SourceEntry]:
+    """Every regular file under `root`, sorted; hidden folders and files are skipped, symlinked folders not followed."""
+    entries: list[SourceEntry] = []
+    for folder, subfolders, files in os.walk(root.resolve()):
+        subfolders[:] = sorted(name for name in subfolders if not name.startswith("."))
+        for name in sorted(files):
+            path = Path(folder) / name
+            if not name.startswith(".") and path.is_file():
+                entries.append(SourceEntry(path))
+    return entries
+
+
+def _tags(value: Any) -> tuple[str, ...]:
+    if value is None or value == "":
+        return ()
+    if isinstance(value, str):
+        return tuple(t.strip() for t in re.split(r"[;|]", value) if t.strip())
+    if isinstance(value, list) and all(isinstance(t, str) for t in value):
+        return tuple(t.strip() for t in value if t.strip())
+    raise ValueError("tags must be a list of strings or a ';'-separated string")
+
+
+def _entry(base: Path, row: dict[str, Any]) -> SourceEntry:
+    raw = row.get("path")
+    if not isinstance(raw, str) or not raw:
+        raise ValueError("no 'path'")
+    caption = row.get("caption")
+    if caption is not None and not isinstance(caption, str):
+        raise ValueError("'caption' must be a string")
+    extra = row.get("extra") or {}
+    if not isinstance(extra, dict):
+        raise ValueError("'extra' must be an object")
+    path = Path(raw).expanduser()
+    path = path if path.is_absolute() else base / path
+    return SourceEntry(path.resolve(), caption or None, _tags(row.get("tags")), extra, listed=True)
+
+
+def read_manifest(manifest: Path) -> tuple[list[SourceEntry], list[tuple[str, str]]]:
+    """JSONL ({"path", "caption", "tags", "extra"} per line) or CSV (header path,caption,tags; tags
+    separated by ';'). Relative paths are relative to the manifest's folder."""
+    base = manifest.resolve().parent
+    entries: list[SourceEntry] = []
+    problems: list[tuple[str, str]] = []
+    with open(manifest, encoding="utf-8", newline="") as f:
+        if manifest.suffix.lower() == ".csv":
+            reader = csv.DictReader(f)
+            if not reader.fieldnames or "path" not in reader.fieldnames:
+                raise InvalidInput(f"{manifest}: the CSV header must name a 'path' column")
+            rows: list[tuple[int, Any]] = [(n + 2, row) for n, row in enumerate(reader)]
+        else:
+            rows = []
+            for number, line in enumerate(f, start=1):
+                if line.strip():
+                    try:
+                        rows.append((number, json.loads(line)))
+                    except json.JSONDecodeError as exc:
+                        problems.append((f"{manifest}:{number}", f"not JSON: {exc.msg}"))
+    for number, row in rows:
+        try:
+            if not isinstance(row, dict):
+                raise ValueError("each line must be a JSON object")
+            entries.append(_entry(base, row))
+        except ValueError as exc:
+            problems.append((f"{manifest}:{number}", str(exc)))
+    return entries, problems
