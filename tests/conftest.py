@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,3 +23,16 @@ def toy_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def settings(tmp_path: Path, toy_model_dir: Path) -> Settings:
     """Settings on an empty data dir and the toy model, ignoring the caller's CNCLIP_* environment."""
     return Settings(_env_file=None, model_dir=toy_model_dir, data_dir=tmp_path / "data", provider="cpu")
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.postgres)])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An empty database on each backend: a SQLite file, or a fresh PostgreSQL schema dropped afterwards.
+    PostgreSQL (127.0.0.1:5432, database `test`) must be reachable: without it these tests fail."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'db' / 'catalog.db'}"
+        return
+    from tests.postgres import fresh_schema
+
+    with fresh_schema() as url:
+        yield url
