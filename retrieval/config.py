@@ -55,6 +55,18 @@ class Settings(BaseSettings):
         50_000_000, ge=1, description="Largest accepted image in pixels (decompression-bomb guard)."
     )
 
+    # --- remote encoder (Triton / KServe v2) --------------------------------------------------
+    encoder: str = Field(
+        "local",
+        description="`local` runs the model in this process; `triton://host:port` (or `http://host:port`) "
+        "embeds through a remote Triton/KServe v2 server.",
+    )
+    encoder_timeout_s: float = Field(30.0, gt=0, description="Timeout of one request to the remote encoder.")
+    encoder_retries: int = Field(
+        3, ge=0, description="Retries (exponential backoff) on connection errors and 5xx from the remote encoder."
+    )
+    encoder_connections: int = Field(16, ge=1, description="Connection pool size to the remote encoder.")
+
     # --- storage -----------------------------------------------------------------------------
     data_dir: Path = Field(
         default_factory=default_data_dir, description="Where the SQLite file, FAISS indexes and media live."

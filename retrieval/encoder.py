@@ -244,5 +244,10 @@ class LocalEncoder:
 
 
 def create_encoder(settings: Settings, observer: EncoderObserver | None = None) -> Encoder:
-    """The encoder the settings ask for (today: the local ONNX Runtime encoder). Call `await start()`."""
+    """The encoder the settings ask for: local ONNX Runtime, or a remote Triton server
+    (`CNCLIP_ENCODER=triton://host:port`). Call `await start()`."""
+    if settings.encoder != "local":
+        from retrieval.remote import TritonEncoder  # imports tritonclient/aiohttp only when asked for
+
+        return TritonEncoder(settings, observer=observer)
     return LocalEncoder(settings, observer=observer)

@@ -1,0 +1,270 @@
+"""An encoder that embeds through a remote Triton / KServe v2 server (`CNCLIP_ENCODER=triton://host:port`).
+
+The remote serves `cnclip_text` (INT64 token ids → `text_features`) and `cnclip_image_bytes` (raw
+JPEG/PNG bytes → `image_features`, preprocessing on the server: our own `/v2` endpoint or the
+ensemble that `cnclip export-triton` writes), and optionally `cnclip_image` (normalised pixels).
+Texts are tokenised here, so only token ids travel.
+
+The local model directory's `manifest.json` stays the source of truth for the model id, the
+dimension and `logit_scale` (the vectors in the catalog are tagged with it); `start()` checks that
+the remote models' shapes agree with it and refuses to start otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, TypeVar
+from urllib.parse import urlsplit
+
+import aiohttp
+import numpy as np
+import tritonclient.http as triton_http
+import tritonclient.http.aio as triton_aio
+from tritonclient.utils import InferenceServerException
+
+from retrieval.config import Settings
+from retrieval.errors import EncoderUnavailable, InvalidImage, InvalidInput, ModelError, Overloaded, PayloadTooLarge
+from retrieval.manifest import ModelManifest
+from retrieval.types import EncoderObserver
+
+log = logging.getLogger("cnclip.remote")
+
+TEXT_MODEL = "cnclip_text"
+IMAGE_MODEL = "cnclip_image"
+IMAGE_BYTES_MODEL = "cnclip_image_bytes"
+MAX_ITEMS_PER_REQUEST = 64  # larger batches are split and sent concurrently
+
+T = TypeVar("T")
+
+
+def parse_encoder_url(value: str) -> str:
+    """`triton://host:port` or `http://host:port` → `host:port` (what tritonclient wants)."""
+    parts = urlsplit(value)
+    if parts.scheme not in ("triton", "http") or not parts.hostname:
+        raise ModelError(f"encoder URL must look like triton://host:port or http://host:port, got '{value}'")
+    if parts.path not in ("", "/"):
+        raise ModelError(f"encoder URL '{value}' must not have a path; the v2 routes are fixed")
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    return f"{host}:{parts.port or 8000}"
+
+
+class TritonEncoder:
+    """The `Encoder` protocol over tritonclient's asyncio HTTP client (one pooled session)."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        manifest: ModelManifest | None = None,
+        *,
+        url: str | None = None,
+        timeout_s: float | None = None,
+        retries: int | None = None,
+        connections: int | None = None,
+        backoff_s: float = 0.05,
+        observer: EncoderObserver | None = None,
+    ) -> None:
+        self.settings = settings
+        self.observer = observer
+        self.address = parse_encoder_url(url or settings.encoder)
+        # API and indexer nodes only need manifest.json, not the graphs, so the files are not verified.
+        self.manifest = manifest or ModelManifest.load(settings.model_dir, verify=False)
+        self.model_id = self.manifest.name
+        self.dim = self.manifest.embed_dim
+        self.logit_scale = self.manifest.logit_scale
+        self.image_size = self.manifest.image_size
+        self.context_length = self.manifest.context_length
+        self.timeout_s = settings.encoder_timeout_s if timeout_s is None else timeout_s
+        self.retries = settings.encoder_retries if retries is None else retries
+        self.connections = settings.encoder_connections if connections is None else connections
+        self.backoff_s = backoff_s
+        self._client: triton_aio.InferenceServerClient | None = None
+        self._bytes_rank = 1  # the ensemble of a real Triton takes [n, 1]; our /v2 takes [n]
+        self._has_pixel_model = False
+        self._ready = False
+
+    @property
+    def ready(self) -> bool:
+        return self._ready
+
+    async def start(self) -> None:
+        """Connect, and check that the remote models exist with the manifest's shapes."""
+        self._client = triton_aio.InferenceServerClient(
+            self.address, conn_limit=self.connections, conn_timeout=self.timeout_s
+        )
+        try:
+            client = self._client
+            live = await self._with_retries("liveness check", lambda: client.is_server_live())
+            if not live:
+                raise EncoderUnavailable(f"Triton server at {self.address} is not live")
+            ctx, size, dim = self.context_length, self.image_size, self.dim
+            await self._check_model(TEXT_MODEL, "INT64", [[-1, ctx]], [-1, dim])
+            bytes_input = await self._check_model(IMAGE_BYTES_MODEL, "BYTES", [[-1], [-1, 1]], [-1, dim])
+            self._bytes_rank = len(bytes_input or [-1])
+            self._has_pixel_model = (
+                await self._check_model(IMAGE_MODEL, "FP32", [[-1, 3, size, size]], [-1, dim], required=False)
+                is not None
+            )
+        except BaseException:
+            await self.close()
+            raise
+        self._ready = True
+        log.info("remote encoder: Triton at %s serves %s (dim %d)", self.address, self.model_id, self.dim)
+
+    async def close(self) -> None:
+        self._ready = False
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.close()
+
+    async def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
+        """Tokenise here, embed remotely."""
+        from retrieval.tokenizer import tokenize  # imported late: loading the vocabulary takes a moment
+
+        return await self.embed_token_ids(tokenize(list(texts), context_length=self.context_length))
+
+    async def embed_token_ids(self, ids: np.ndarray) -> np.ndarray:
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+        return await self._embed_chunks(ids, lambda chunk: self._infer(TEXT_MODEL, "text", "INT64", chunk))
+
+    async def embed_pixels(self, pixels: np.ndarray) -> np.ndarray:
+        if not self._has_pixel_model:
+            raise ModelError(f"Triton server at {self.address} has no model '{IMAGE_MODEL}' for raw pixels")
+        pixels = np.ascontiguousarray(pixels, dtype=np.float32)
+        return await self._embed_chunks(pixels, lambda chunk: self._infer(IMAGE_MODEL, "image", "FP32", chunk))
+
+    async def embed_images(self, images: Sequence[bytes]) -> np.ndarray:
+        """Send the encoded files; the server decodes and preprocesses them (the seed's ensemble)."""
+        limit = self.settings.max_image_bytes
+        for i, data in enumerate(images):
+            if len(data) > limit:
+                raise PayloadTooLarge(f"image {i} has {len(data)} bytes; the limit is {limit}")
+        array = np.array([bytes(b) for b in images], dtype=np.object_)
+        if self._bytes_rank == 2:
+            array = array.reshape(-1, 1)
+        return await self._embed_chunks(
+            array, lambda chunk: self._infer(IMAGE_BYTES_MODEL, "image_bytes", "BYTES", chunk)
+        )
+
+    async def _embed_chunks(self, batch: np.ndarray, run: Callable[[np.ndarray], Awaitable[np.ndarray]]) -> np.ndarray:
+        if len(batch) == 0:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        chunks = [batch[i : i + MAX_ITEMS_PER_REQUEST] for i in range(0, len(batch), MAX_ITEMS_PER_REQUEST)]
+        results = await asyncio.gather(*(run(chunk) for chunk in chunks))
+        return np.concatenate(results, axis=0)
+
+    async def _infer(self, model: str, input_name: str, datatype: str, batch: np.ndarray) -> np.ndarray:
+        client = self._require_client()
+        tensor = triton_http.InferInput(input_name, list(batch.shape), datatype)
+        tensor.set_data_from_numpy(batch, binary_data=True)
+        output_name = "text_features" if model == TEXT_MODEL else "image_features"
+        wanted = [triton_http.InferRequestedOutput(output_name, binary_data=True)]
+
+        async def call() -> np.ndarray:
+            result = await client.infer(model, [tensor], outputs=wanted)
+            features = result.as_numpy(output_name)
+            if features is None:
+                raise ModelError(f"Triton model '{model}' at {self.address} returned no '{output_name}'")
+            return features
+
+        rejected = InvalidImage if datatype == "BYTES" else InvalidInput
+        started = time.perf_counter()
+        features = await self._with_retries(f"{model} inference", call, rejected)
+        n = batch.shape[0]
+        if self.observer is not None:
+            # The remote batches on its own; here a "batch" is one request and its round trip is "inference".
+            tower = "text" if model == TEXT_MODEL else "image"
+            timings = {"queue": 0.0, "preprocess": 0.0, "inference": time.perf_counter() - started, "post": 0.0}
+            self.observer.batch_done(tower, n, n, timings)
+        if features.shape != (n, self.dim) or features.dtype != np.float32:
+            raise ModelError(
+                f"Triton model '{model}' at {self.address} returned {features.dtype} {list(features.shape)}, "
+                f"expected float32 {[n, self.dim]} (manifest of {self.model_id})"
+            )
+        return features
+
+    async def _check_model(
+        self, name: str, datatype: str, input_shapes: list[list[int]], output_shape: list[int], required: bool = True
+    ) -> list[int] | None:
+        """The model's input shape after checking it against the manifest; None when optional and absent."""
+        client = self._require_client()
+        try:
+            meta = await self._with_retries(f"metadata of {name}", lambda: client.get_model_metadata(name))
+        except ModelError:
+            if required:
+                raise
+            return None
+        inputs, outputs = meta.get("inputs") or [], meta.get("outputs") or []
+        if len(inputs) != 1 or len(outputs) < 1:
+            raise ModelError(
+                f"Triton model '{name}' at {self.address} has {len(inputs)} inputs and {len(outputs)} outputs; "
+                "expected one input and one output"
+            )
+        got_in, got_out = inputs[0], outputs[0]
+        in_shape = [int(s) for s in got_in.get("shape", [])]
+        out_shape = [int(s) for s in got_out.get("shape", [])]
+        if got_in.get("datatype") != datatype or in_shape not in input_shapes:
+            raise ModelError(
+                f"Triton model '{name}' at {self.address} takes {got_in.get('datatype')} {in_shape}, but the "
+                f"manifest of {self.model_id} needs {datatype} {' or '.join(map(str, input_shapes))}"
+            )
+        if got_out.get("datatype") != "FP32" or out_shape != output_shape:
+            raise ModelError(
+                f"Triton model '{name}' at {self.address} outputs {got_out.get('datatype')} {out_shape}, but the "
+                f"manifest of {self.model_id} has embed_dim {self.dim} (FP32 {output_shape})"
+            )
+        return in_shape
+
+    async def _with_retries(
+        self, what: str, call: Callable[[], Awaitable[T]], rejected: type[InvalidInput] = InvalidInput
+    ) -> T:
+        """Retry connection errors and 5xx answers with exponential backoff; map the rest to project errors.
+
+        `rejected` is the error for a 400 answer: the request's content is at fault (e.g. a corrupt image).
+        """
+        attempt = 0
+        started = time.perf_counter()
+        while True:
+            try:
+                return await call()
+            except TimeoutError as exc:
+                # A slow server is not helped by sending it the same work again.
+                raise EncoderUnavailable(
+                    f"Triton server at {self.address} did not answer the {what} within {self.timeout_s:g} s"
+                ) from exc
+            except aiohttp.ClientConnectionError as exc:
+                cause = f"cannot reach Triton server at {self.address} ({type(exc).__name__}: {exc})"
+            except InferenceServerException as exc:
+                status = int(exc.status()) if (exc.status() or "").isdigit() else 0
+                message = exc.message() or str(exc)
+                if status < 500:
+                    raise _client_error(status, message, what, self.address, rejected) from None
+                cause = f"Triton server at {self.address} failed the {what} with {status}: {message}"
+            if attempt >= self.retries:
+                elapsed = time.perf_counter() - started
+                raise EncoderUnavailable(f"{cause}; gave up after {attempt + 1} attempts in {elapsed:.1f} s")
+            delay = min(self.backoff_s * 2**attempt, 2.0) * (0.5 + random.random() / 2)
+            log.warning("%s; retrying in %.2f s", cause, delay)
+            attempt += 1
+            await asyncio.sleep(delay)
+
+    def _require_client(self) -> Any:
+        if self._client is None:
+            raise EncoderUnavailable("remote encoder is not started (call start() first)")
+        return self._client
+
+
+def _client_error(status: int, message: str, what: str, address: str, rejected: type[InvalidInput]) -> Exception:
+    """Map a 4xx answer to the project's error: the request is at fault, retrying cannot help."""
+    if status == 429:
+        return Overloaded(f"Triton server at {address} is overloaded: {message}")
+    if status == 413:
+        return PayloadTooLarge(message)
+    lowered = message.lower()
+    # Triton answers 400 (KServe: 404) with "unknown model" when the model is not in its repository.
+    if status == 404 or "unknown model" in lowered:
+        return ModelError(f"Triton server at {address} has no model for the {what}: {message}")
+    return rejected(f"Triton server at {address} rejected the {what}: {message}")
