@@ -12,6 +12,7 @@ from fastapi import FastAPI
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
+from api import kserve
 from api.deps import run_blocking
 from api.errors import install_error_handlers
 from api.label_store import LabelSetStore
@@ -78,7 +79,7 @@ def create_app(settings: Settings, encoder: Encoder | None = None, catalog: Cata
     install_error_handlers(app)
     for module in (search, classify, embed, collections, items, label_sets, health):
         app.include_router(module.router)
-    # KServe v2 / Triton HTTP protocol routes (api/triton*) are included here.
+    app.include_router(kserve.router)  # KServe v2 / Triton HTTP protocol (/v2), see api/kserve.py
 
     @app.get("/", include_in_schema=False)
     async def index() -> FileResponse:
