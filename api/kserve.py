@@ -33,7 +33,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
-from retrieval.errors import CnclipError, InvalidInput, NotFound, Overloaded, PayloadTooLarge
+from api.deps import require_read_key
+from retrieval.errors import CnclipError, InvalidInput, NotFound, Overloaded, PayloadTooLarge, Unauthorized
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 MODEL_VERSION = "1"
@@ -110,6 +111,8 @@ def _error_response(exc: CnclipError) -> JSONResponse:
     headers = None
     if isinstance(exc, Overloaded):
         headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
+    elif isinstance(exc, Unauthorized):
+        headers = {"WWW-Authenticate": "Bearer"}
     # Triton answers 400 for every input it cannot use (including undecodable images); keep 413/429/5xx.
     status = 400 if isinstance(exc, InvalidInput) and not isinstance(exc, PayloadTooLarge) else exc.status_code
     return v2_error(status, exc.message, headers)
@@ -160,6 +163,7 @@ async def model_metadata(request: Request, name: str, version: str | None = None
     """Inputs and outputs of a model, with -1 for the batch dimension."""
     try:
         model = _served(name, version)
+        await require_read_key(request)
     except CnclipError as exc:
         return _error_response(exc)
     encoder = _encoder(request)
@@ -194,6 +198,8 @@ async def infer(request: Request, name: str, version: str | None = None) -> Resp
     """Run one inference request (JSON or binary tensors) through the encoder's batcher."""
     try:
         model = _served(name, version)
+        # Inference is a read: it needs the API key only when reads do. Health stays open for load balancers.
+        await require_read_key(request)
         encoder = _encoder(request)
         if encoder is None or not encoder.ready:
             return v2_error(503, f"model '{name}' is not ready")

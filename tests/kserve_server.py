@@ -48,6 +48,7 @@ def v2_app(encoder: Any, customise: Callable[[FastAPI], None] | None = None) -> 
 
     app = FastAPI(lifespan=lifespan)
     app.state.encoder = encoder
+    app.state.settings = encoder.settings  # the API-key check reads it, as in api.app
     if customise is not None:
         customise(app)
     app.include_router(router)

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 import tritonclient.http as triton_http
 from fastapi.testclient import TestClient
+from pydantic import SecretStr
 from tritonclient.utils import InferenceServerException
 
 from retrieval.config import Settings
@@ -193,3 +194,37 @@ def test_not_ready_encoder_answers_503(v2_settings: Settings) -> None:
     with TestClient(app) as started:
         assert started.get("/v2/health/ready").status_code == 200
         assert started.get("/v2/models/cnclip_image_bytes/ready").status_code == 200
+
+
+def test_api_key_guards_inference_but_not_health(v2_settings: Settings) -> None:
+    locked = v2_settings.model_copy(update={"api_key": SecretStr("s3cret"), "require_key_for_reads": True})
+    with ServerThread(v2_app(local_encoder(locked))) as server:
+        triton = triton_http.InferenceServerClient(server.url)
+        try:
+            assert triton.is_server_ready()  # load balancers probe without a key
+            ids = tokenize(["钥匙"])
+            with pytest.raises(InferenceServerException) as err:
+                infer(triton, "cnclip_text", "text", "INT64", ids, True)
+            assert err.value.status() == "401" and "API key" in err.value.message()
+            tensor = triton_http.InferInput("text", [1, 52], "INT64")
+            tensor.set_data_from_numpy(ids)
+            result = triton.infer("cnclip_text", [tensor], headers={"Authorization": "Bearer s3cret"})
+            assert result.as_numpy("text_features").shape == (1, 32)
+        finally:
+            triton.close()
+
+
+def test_the_service_app_serves_v2(settings: Settings) -> None:
+    from api.app import create_app
+
+    settings = settings.model_copy(update={"buckets": [1, 4]})
+    encoder = local_encoder(settings)
+    with TestClient(create_app(settings, encoder=encoder)) as http:
+        assert http.get("/v2/health/ready").status_code == 200
+        assert http.get("/v2/models/cnclip_text").json()["outputs"][0]["shape"] == [-1, 32]
+        ids = tokenize(["服务"])
+        body = {"inputs": [{"name": "text", "shape": [1, 52], "datatype": "INT64", "data": ids.tolist()}]}
+        answer = http.post("/v2/models/cnclip_text/infer", json=body).json()
+        np.testing.assert_allclose(
+            answer["outputs"][0]["data"], http.portal.call(encoder.embed_token_ids, ids)[0], atol=1e-6
+        )
