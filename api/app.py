@@ -19,9 +19,12 @@ from api.label_store import LabelSetStore
 from api.limits import FORM_OVERHEAD, BodySizeLimitMiddleware
 from api.metrics import RequestMetricsMiddleware, ServiceMetrics
 from api.routes import classify, collections, embed, health, items, label_sets, search
+from indexer.catalog import open_catalog
 from indexer.types import Catalog
 from retrieval.config import Settings
+from retrieval.encoder import create_encoder
 from retrieval.types import Encoder
+from retrieval.zeroshot import ZeroShotClassifier
 
 log = logging.getLogger("cnclip.api")
 
@@ -35,11 +38,6 @@ def create_app(settings: Settings, encoder: Encoder | None = None, catalog: Cata
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        # Imported here: they pull in ONNX Runtime / SQLAlchemy, which tests with fakes do not need.
-        from indexer.catalog import open_catalog
-        from retrieval.encoder import create_encoder
-        from retrieval.zeroshot import ZeroShotClassifier
-
         own_catalog = catalog is None
         own_encoder = encoder is None
         cat = await run_blocking(open_catalog, settings) if own_catalog else catalog

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -27,8 +28,11 @@ def assert_error(response, status: int, code: str, *message_parts: str) -> dict:
     return body
 
 
-@pytest.fixture
-def client(settings: Settings) -> Iterator[TestClient]:
+@pytest.fixture(scope="module")
+def client(tmp_path_factory: pytest.TempPathFactory, toy_model_dir: Path) -> Iterator[TestClient]:
+    """One seeded app for the read-only bad-request cases (seeding per case would dominate the run)."""
+    data_dir = tmp_path_factory.mktemp("api-errors")
+    settings = Settings(_env_file=None, model_dir=toy_model_dir, data_dir=data_dir, provider="cpu")
     with api_client(settings, raise_server_exceptions=False) as c:
         seed(c)
         yield c

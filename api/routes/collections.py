@@ -59,7 +59,8 @@ async def create_collection(
     """A new, empty collection for vectors of the server's model (409 when the name is taken)."""
     index = body.index or settings.index_factory
     info = await run_blocking(catalog.create_collection, body.name, body.kind, encoder.model_id, encoder.dim, index)
-    return _collection_out(info, set())
+    default = await run_blocking(catalog.default_collection, info.kind)
+    return _collection_out(info, {default.id} if default else set())
 
 
 @router.get("/{name}", response_model=CollectionOut, dependencies=[ReadAccess])
