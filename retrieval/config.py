@@ -55,6 +55,13 @@ class Settings(BaseSettings):
         50_000_000, ge=1, description="Largest accepted image in pixels (decompression-bomb guard)."
     )
 
+    # --- model download (`cnclip models pull`) ------------------------------------------------
+    model_base_url: str = Field(
+        "https://huggingface.co",
+        description="Where `cnclip models pull` downloads checkpoints: a Hugging Face mirror root, or a URL "
+        "template with {repo} and {file} (e.g. for ModelScope).",
+    )
+
     # --- remote encoder (Triton / KServe v2) --------------------------------------------------
     encoder: str = Field(
         "local",

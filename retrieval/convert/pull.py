@@ -1,0 +1,213 @@
+"""`cnclip models pull NAME`: download an official Chinese-CLIP checkpoint, resumably and verified.
+
+The file goes to `DIR/<file>.part` first; an interrupted download resumes with an HTTP Range request;
+only a complete file whose size (Content-Length / Content-Range) and sha256 match is renamed into
+place. Hugging Face sends the sha256 of LFS files as the ETag, so it is checked whenever the server
+states it (or when `--sha256` is given).
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated
+from urllib.parse import urlsplit
+
+import httpx
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+
+from retrieval.config import Settings
+from retrieval.errors import CnclipError, InvalidInput
+
+CHUNK = 1 << 20
+SHA256_RE = re.compile(r'^(?:W/)?"?([0-9a-f]{64})"?$')
+
+
+class DownloadError(CnclipError):
+    """A checkpoint could not be downloaded or failed verification."""
+
+    status_code = 502
+    code = "download_failed"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    name: str  # the architecture name `cnclip convert --arch` takes
+    repo: str  # Hugging Face repository under OFA-Sys (ModelScope: AI-ModelScope)
+    file: str
+    size_hint: str
+
+
+# The released checkpoints, as cn_clip/clip/utils.py lists them.
+CHECKPOINTS = {
+    c.name: c
+    for c in (
+        Checkpoint("ViT-B-16", "chinese-clip-vit-base-patch16", "clip_cn_vit-b-16.pt", "~0.7 GB"),
+        Checkpoint("ViT-L-14", "chinese-clip-vit-large-patch14", "clip_cn_vit-l-14.pt", "~1.6 GB"),
+        Checkpoint("ViT-L-14-336", "chinese-clip-vit-large-patch14-336px", "clip_cn_vit-l-14-336.pt", "~1.6 GB"),
+        Checkpoint("ViT-H-14", "chinese-clip-vit-huge-patch14", "clip_cn_vit-h-14.pt", "~3.6 GB"),
+        Checkpoint("RN50", "chinese-clip-rn50", "clip_cn_rn50.pt", "~0.3 GB"),
+    )
+}
+
+
+def checkpoint_url(checkpoint: Checkpoint, base_url: str) -> str:
+    """The download URL: `{base}/OFA-Sys/{repo}/resolve/main/{file}`, or the base as a {repo}/{file} template."""
+    if "{repo}" in base_url or "{file}" in base_url:
+        return base_url.format(repo=checkpoint.repo, file=checkpoint.file)
+    return f"{base_url.rstrip('/')}/OFA-Sys/{checkpoint.repo}/resolve/main/{checkpoint.file}"
+
+
+def _expected_sha256(response: httpx.Response) -> str | None:
+    for header in ("x-linked-etag", "etag"):
+        match = SHA256_RE.match(response.headers.get(header, "").strip().lower())
+        if match:
+            return match.group(1)
+    return None
+
+
+def _total_size(response: httpx.Response, offset: int) -> int | None:
+    if response.status_code == 206:
+        match = re.match(r"bytes \d+-\d+/(\d+)", response.headers.get("content-range", ""))
+        return int(match.group(1)) if match else None
+    length = response.headers.get("content-length")
+    return int(length) + offset if length and length.isdigit() else None
+
+
+def _hash_prefix(path: Path) -> hashlib._Hash:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(CHUNK):
+            digest.update(block)
+    return digest
+
+
+def download(
+    url: str,
+    target: Path,
+    sha256: str | None = None,
+    console: Console | None = None,
+    timeout: float = 30.0,
+) -> Path:
+    """Download `url` to `target` (resuming `target.part`), verify size and sha256, return `target`."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    part = target.with_name(target.name + ".part")
+    offset = part.stat().st_size if part.exists() else 0
+    headers = {"Range": f"bytes={offset}-"} if offset else {}
+    host = urlsplit(url).netloc
+    try:
+        with httpx.stream("GET", url, headers=headers, follow_redirects=True, timeout=timeout) as response:
+            if response.status_code == 416 and offset:  # the .part is already complete (or longer than the file)
+                part.unlink()
+                return download(url, target, sha256, console, timeout)
+            if response.status_code == 404:
+                raise DownloadError(f"not found (HTTP 404): {url} — check the model name or CNCLIP_MODEL_BASE_URL")
+            if response.status_code >= 400:
+                raise DownloadError(f"HTTP {response.status_code} from {host} for {url}")
+            if offset and response.status_code != 206:
+                offset = 0  # the server ignored the Range header: start again
+            total = _total_size(response, offset)
+            expected = (sha256 or _expected_sha256(response) or "").lower() or None
+            if total is not None:
+                free = shutil.disk_usage(target.parent).free
+                if total - offset > free:
+                    raise DownloadError(
+                        f"disk full: {target.parent} has {free / 1e9:.2f} GB free, "
+                        f"the download needs {(total - offset) / 1e9:.2f} GB more"
+                    )
+            digest = _hash_prefix(part) if offset else hashlib.sha256()
+            progress = Progress(
+                TextColumn(target.name),
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                TimeRemainingColumn(),
+                console=console or Console(stderr=True),
+                transient=True,
+            )
+            with progress, part.open("ab" if offset else "wb") as out:
+                task = progress.add_task("download", total=total, completed=offset)
+                for block in response.iter_bytes(CHUNK):
+                    out.write(block)
+                    digest.update(block)
+                    progress.update(task, advance=len(block))
+    except httpx.TransportError as exc:
+        raise DownloadError(
+            f"cannot download from {host}: {exc.__class__.__name__}: {exc} — no network? "
+            f"Set CNCLIP_MODEL_BASE_URL to a reachable mirror, or download the file by hand "
+            f"and run `cnclip convert --checkpoint FILE`. The partial file {part} is kept for resuming."
+        ) from exc
+    except OSError as exc:
+        if exc.errno == errno.ENOSPC:
+            raise DownloadError(
+                f"disk full while writing {part}; free space and run the command again to resume"
+            ) from exc
+        raise DownloadError(f"cannot write {part}: {exc}") from exc
+    size = part.stat().st_size
+    if total is not None and size != total:
+        raise DownloadError(f"incomplete download: {size} of {total} bytes; run the command again to resume")
+    actual = digest.hexdigest()
+    if expected and actual != expected:
+        part.unlink()
+        raise DownloadError(
+            f"checksum mismatch for {target.name}: got sha256 {actual[:16]}…, expected {expected[:16]}… "
+            "— the corrupt file was deleted; run the command again"
+        )
+    part.replace(target)
+    return target
+
+
+models_app = typer.Typer(help="Official Chinese-CLIP checkpoints.", no_args_is_help=True)
+
+
+@models_app.command("list")
+def list_models() -> None:
+    """List the checkpoints `cnclip models pull` knows, with their download URLs."""
+    base = Settings().model_base_url
+    console = Console()
+    for c in CHECKPOINTS.values():
+        console.print(f"{c.name:<14} {c.size_hint:>8}  {checkpoint_url(c, base)}")
+
+
+@models_app.command("pull")
+def pull(
+    name: Annotated[str, typer.Argument(help=f"One of: {', '.join(CHECKPOINTS)}.")],
+    dir: Annotated[  # noqa: A002 - the option is called --dir
+        Path | None, typer.Option("--dir", help="Download directory (default: <data dir>/checkpoints).")
+    ] = None,
+    sha256: Annotated[str | None, typer.Option(help="Expected sha256, when the server does not state it.")] = None,
+) -> None:
+    """Download an official checkpoint (resumable, size and sha256 checked), then print the convert command."""
+    console = Console()
+    try:
+        if name not in CHECKPOINTS:
+            raise InvalidInput(f"unknown model {name!r}; choose one of {', '.join(CHECKPOINTS)}")
+        settings = Settings()
+        checkpoint = CHECKPOINTS[name]
+        directory = dir or settings.data_dir / "checkpoints"
+        target = directory / checkpoint.file
+        if target.is_file():
+            if sha256 and _hash_prefix(target).hexdigest() != sha256.lower():
+                raise DownloadError(f"{target} exists but its sha256 differs from --sha256; delete it and pull again")
+            console.print(f"already downloaded: {target}")
+        else:
+            url = checkpoint_url(checkpoint, settings.model_base_url)
+            console.print(f"downloading {url}")
+            download(url, target, sha256, console)
+            console.print(f"[green]saved[/green] {target}")
+    except CnclipError as exc:
+        console.print(f"[red]error:[/red] {exc.message}")
+        raise typer.Exit(1) from exc
+    console.print(f"next: cnclip convert --arch {name} --checkpoint {target} --out models/{name.lower()}")
+
+
+def register_models(app: typer.Typer) -> None:
+    """Add the `models` sub-app (pull, list) to the `cnclip` app."""
+    app.add_typer(models_app, name="models")
