@@ -1,7 +1,8 @@
 """The dynamic batcher: merges concurrent requests of one tower into bucket-sized batches.
 
 Requests enter a bounded queue of rows. One dispatcher task waits until the queue can fill the
-largest bucket or the oldest row has waited `max_delay_s`, takes an idle stream, and cuts a batch:
+largest bucket or the oldest row has waited `max_delay_s` (it does not wait at all when no batch is
+in flight: an idle encoder gains nothing by waiting), takes an idle stream, and cuts a batch:
 a full largest bucket, or the rows present if they fill a bucket exactly, or otherwise either
 the next-smaller exact bucket or padding up to the next bucket, whichever wastes fewer rows.
 Padding rows copy a real row and are dropped before anything is returned.
@@ -171,6 +172,10 @@ class DynamicBatcher:
                 await self._arrived.wait()
                 continue
             if not self.merge_requests or self._queued_rows >= self.buckets[-1]:
+                return
+            if not self._running:
+                # Nothing in flight: waiting would only add latency. Under load batches are in flight,
+                # and rows that arrive meanwhile merge (up to the delay, or until a stream frees up).
                 return
             remaining = self._queue[0].enqueued + self.max_delay_s - time.perf_counter()
             if remaining <= 0:

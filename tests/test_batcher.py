@@ -135,18 +135,36 @@ def test_large_request_is_split_above_the_largest_bucket() -> None:
     assert np.allclose(result, expected(*values))
 
 
-def test_waits_up_to_the_delay_to_fill_a_bucket() -> None:
+def test_waits_up_to_the_delay_to_fill_a_bucket_while_busy() -> None:
     async def scenario():
         runs: list = []
-        batcher = make_batcher(runs, delay_ms=300)
-        first = asyncio.create_task(batcher.submit(rows(1.0)))
+        gate = threading.Event()
+        batcher = make_batcher(runs, streams=2, delay_ms=300, gate=gate)
+        busy_one = asyncio.create_task(batcher.submit(rows(9.0)))  # idle encoder: runs at once
+        await until(lambda: batcher.pool.idle == 1)
+        first = asyncio.create_task(batcher.submit(rows(1.0)))  # one batch in flight: waits for company
         await asyncio.sleep(0.02)
         second = asyncio.create_task(batcher.submit(rows(2.0, 3.0, 4.0)))
-        await asyncio.gather(first, second)
+        await asyncio.sleep(0.02)
+        gate.set()
+        await asyncio.gather(busy_one, first, second)
         await batcher.close()
         return runs
 
-    assert [r[0] for r in asyncio.run(scenario())] == [4]
+    assert [r[1] for r in asyncio.run(scenario())] == [[9.0], [1.0, 2.0, 3.0, 4.0]]
+
+
+def test_idle_encoder_does_not_wait_for_company() -> None:
+    async def scenario():
+        runs: list = []
+        batcher = make_batcher(runs, delay_ms=2000)
+        start = time.perf_counter()
+        await batcher.submit(rows(1.0))
+        elapsed = time.perf_counter() - start
+        await batcher.close()
+        return elapsed
+
+    assert asyncio.run(scenario()) < 1.0
 
 
 def test_zero_delay_does_not_wait() -> None:

@@ -220,3 +220,28 @@ def test_large_request_beyond_the_queue_is_chunked(settings: Settings) -> None:
 
     many, first = run(settings, scenario)
     assert many.shape == (70, 32) and np.abs(many[0] - first[0]).max() < 1e-6
+
+
+def test_bench_encoders_command_on_the_toy_model(toy_model_dir: Path, tmp_path: Path) -> None:
+    """Smoke run of `cnclip bench encoders`: every point measured, with sane numbers."""
+    import json
+
+    import typer
+    from typer.testing import CliRunner
+
+    from retrieval.cli import register
+
+    app = typer.Typer()
+    register(app)
+
+    out = tmp_path / "points.json"
+    result = CliRunner().invoke(
+        app,
+        ["bench", "encoders", "--model", str(toy_model_dir), "--concurrency", "1,4", "--duration", "0.3",
+         "--configs", "1:on,1:off", "--buckets", "1,4", "--json", str(out)],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    points = json.loads(out.read_text())
+    assert len(points) == 2 * 2 * 2  # towers × concurrencies × configs
+    assert all(p["items"] > 0 and 0 < p["p50_ms"] <= p["p95_ms"] <= p["p99_ms"] for p in points)
+    assert "| text | 1 | on | 4 |" in result.output
