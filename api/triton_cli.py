@@ -1,9 +1,72 @@
-"""CLI commands of this package (see api/cli.py)."""
+"""CLI commands of this package (see api/cli.py): `cnclip export-triton`."""
 
 from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
 
 import typer
 
 
+def _device_ids(value: str | None) -> tuple[int, ...]:
+    if not value:
+        return ()
+    try:
+        ids = tuple(int(part) for part in value.split(","))
+    except ValueError:
+        raise typer.BadParameter(f"expected comma-separated device numbers such as 0,1, got '{value}'") from None
+    if any(i < 0 for i in ids) or len(set(ids)) != len(ids):
+        raise typer.BadParameter(f"device ids must be distinct non-negative numbers, got '{value}'")
+    return ids
+
+
 def register(app: typer.Typer) -> None:
     """Add this package's commands to the `cnclip` app."""
+
+    @app.command("export-triton")
+    def export_triton(
+        model: Annotated[Path, typer.Option("--model", help="Model directory with manifest.json.")],
+        out: Annotated[Path, typer.Option("--out", help="Triton model repository to write.")],
+        backend: Annotated[
+            str, typer.Option(help="onnxruntime (CPU/GPU, dynamic batching) or npu_ge (Ascend ge-backend, static).")
+        ] = "onnxruntime",
+        instances: Annotated[int, typer.Option(help="instance_group count: parallel instances (npu_ge: streams).")] = 1,
+        max_batch: Annotated[
+            int | None, typer.Option(help="onnxruntime: max_batch_size; npu_ge: the bucket of the static graph.")
+        ] = None,
+        aicore: Annotated[
+            str | None, typer.Option(help="npu_ge: cube|vector AI cores per stream (ge.aicoreNum), e.g. 12|10.")
+        ] = None,
+        device_ids: Annotated[str | None, typer.Option(help="Devices to place instances on, e.g. 0,1.")] = None,
+        precision: Annotated[
+            str | None, typer.Option(help="fp32 | fp16 | int8 graphs; default fp16 for npu_ge when present, else fp32.")
+        ] = None,
+        queue_delay_us: Annotated[int, typer.Option(help="dynamic_batching max_queue_delay_microseconds.")] = 4000,
+        force: Annotated[bool, typer.Option(help="Replace a non-empty --out.")] = False,
+    ) -> None:
+        """Write a Triton model repository: cnclip_text, cnclip_image, a Python preprocess model and the
+        cnclip_image_bytes ensemble (raw JPEG/PNG in, features out)."""
+        from retrieval.errors import CnclipError
+        from retrieval.triton_export import ExportOptions, export_triton_repository
+
+        if backend not in ("onnxruntime", "npu_ge"):
+            raise typer.BadParameter(f"--backend must be onnxruntime or npu_ge, got '{backend}'")
+        options = ExportOptions(
+            backend=backend,  # type: ignore[arg-type]
+            instances=instances,
+            max_batch=max_batch,
+            aicore=aicore,
+            device_ids=_device_ids(device_ids),
+            precision=precision,
+            queue_delay_us=queue_delay_us,
+        )
+        try:
+            report = export_triton_repository(model, out, options, force=force)
+        except CnclipError as exc:
+            typer.echo(f"error: {exc.message}", err=True)
+            raise typer.Exit(1) from None
+        for tower, batch in report.batch.items():
+            kind = "static batch" if backend == "npu_ge" else "max_batch_size"
+            typer.echo(f"{tower:5s}  {kind} {batch}  (from bucket graph b{report.source_bucket[tower]})")
+        typer.echo(f"wrote {', '.join(report.models)} to {report.repository}")
+        typer.echo(f"serve it with: tritonserver --model-repository {report.repository}")

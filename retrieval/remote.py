@@ -82,8 +82,9 @@ class TritonEncoder:
         self.connections = settings.encoder_connections if connections is None else connections
         self.backoff_s = backoff_s
         self._client: triton_aio.InferenceServerClient | None = None
-        self._bytes_rank = 1  # the ensemble of a real Triton takes [n, 1]; our /v2 takes [n]
-        self._has_pixel_model = False
+        # Per remote model: its input shape as served. Our /v2 and a dynamic Triton export take [-1, ...];
+        # a static (npu_ge) export takes exactly [B, ...], so requests are padded to B.
+        self._inputs: dict[str, list[int]] = {}
         self._ready = False
 
     @property
@@ -92,22 +93,17 @@ class TritonEncoder:
 
     async def start(self) -> None:
         """Connect, and check that the remote models exist with the manifest's shapes."""
-        self._client = triton_aio.InferenceServerClient(
-            self.address, conn_limit=self.connections, conn_timeout=self.timeout_s
-        )
+        # No session-wide timeout: each call gets `timeout_s` of its own (see _with_retries).
+        self._client = triton_aio.InferenceServerClient(self.address, conn_limit=self.connections, conn_timeout=None)
         try:
             client = self._client
             live = await self._with_retries("liveness check", lambda: client.is_server_live())
             if not live:
                 raise EncoderUnavailable(f"Triton server at {self.address} is not live")
-            ctx, size, dim = self.context_length, self.image_size, self.dim
-            await self._check_model(TEXT_MODEL, "INT64", [[-1, ctx]], [-1, dim])
-            bytes_input = await self._check_model(IMAGE_BYTES_MODEL, "BYTES", [[-1], [-1, 1]], [-1, dim])
-            self._bytes_rank = len(bytes_input or [-1])
-            self._has_pixel_model = (
-                await self._check_model(IMAGE_MODEL, "FP32", [[-1, 3, size, size]], [-1, dim], required=False)
-                is not None
-            )
+            ctx, size = self.context_length, self.image_size
+            await self._check_model(TEXT_MODEL, "INT64", [[ctx]])
+            await self._check_model(IMAGE_BYTES_MODEL, "BYTES", [[], [1]])
+            await self._check_model(IMAGE_MODEL, "FP32", [[3, size, size]], required=False)
         except BaseException:
             await self.close()
             raise
@@ -128,13 +124,13 @@ class TritonEncoder:
 
     async def embed_token_ids(self, ids: np.ndarray) -> np.ndarray:
         ids = np.ascontiguousarray(ids, dtype=np.int64)
-        return await self._embed_chunks(ids, lambda chunk: self._infer(TEXT_MODEL, "text", "INT64", chunk))
+        return await self._embed_chunks(TEXT_MODEL, "text", "INT64", ids)
 
     async def embed_pixels(self, pixels: np.ndarray) -> np.ndarray:
-        if not self._has_pixel_model:
+        if IMAGE_MODEL not in self._inputs:
             raise ModelError(f"Triton server at {self.address} has no model '{IMAGE_MODEL}' for raw pixels")
         pixels = np.ascontiguousarray(pixels, dtype=np.float32)
-        return await self._embed_chunks(pixels, lambda chunk: self._infer(IMAGE_MODEL, "image", "FP32", chunk))
+        return await self._embed_chunks(IMAGE_MODEL, "image", "FP32", pixels)
 
     async def embed_images(self, images: Sequence[bytes]) -> np.ndarray:
         """Send the encoded files; the server decodes and preprocesses them (the seed's ensemble)."""
@@ -143,20 +139,29 @@ class TritonEncoder:
             if len(data) > limit:
                 raise PayloadTooLarge(f"image {i} has {len(data)} bytes; the limit is {limit}")
         array = np.array([bytes(b) for b in images], dtype=np.object_)
-        if self._bytes_rank == 2:
-            array = array.reshape(-1, 1)
-        return await self._embed_chunks(
-            array, lambda chunk: self._infer(IMAGE_BYTES_MODEL, "image_bytes", "BYTES", chunk)
-        )
+        return await self._embed_chunks(IMAGE_BYTES_MODEL, "image_bytes", "BYTES", array)
 
-    async def _embed_chunks(self, batch: np.ndarray, run: Callable[[np.ndarray], Awaitable[np.ndarray]]) -> np.ndarray:
+    async def _embed_chunks(self, model: str, input_name: str, datatype: str, batch: np.ndarray) -> np.ndarray:
+        """Split into requests the remote takes (padding to a static model's batch), sent concurrently."""
         if len(batch) == 0:
             return np.zeros((0, self.dim), dtype=np.float32)
-        chunks = [batch[i : i + MAX_ITEMS_PER_REQUEST] for i in range(0, len(batch), MAX_ITEMS_PER_REQUEST)]
-        results = await asyncio.gather(*(run(chunk) for chunk in chunks))
-        return np.concatenate(results, axis=0)
+        shape = self._inputs[model]
+        fixed = shape[0] if shape[0] > 0 else None
+        size = fixed or MAX_ITEMS_PER_REQUEST
+        requests = []
+        for start in range(0, len(batch), size):
+            chunk = batch[start : start + size]
+            rows = len(chunk)
+            if fixed is not None and rows < fixed:
+                # Repeat the last item rather than invent one: a padding row must be valid input (an image).
+                chunk = np.concatenate([chunk, np.repeat(chunk[-1:], fixed - rows, axis=0)])
+            if len(shape) == 2 and datatype == "BYTES":
+                chunk = chunk.reshape(-1, 1)  # a Triton ensemble with dims [1] per item
+            requests.append(self._infer(model, input_name, datatype, chunk, rows))
+        return np.concatenate(await asyncio.gather(*requests), axis=0)
 
-    async def _infer(self, model: str, input_name: str, datatype: str, batch: np.ndarray) -> np.ndarray:
+    async def _infer(self, model: str, input_name: str, datatype: str, batch: np.ndarray, rows: int) -> np.ndarray:
+        """One request; returns the first `rows` vectors (the rest is padding)."""
         client = self._require_client()
         tensor = triton_http.InferInput(input_name, list(batch.shape), datatype)
         tensor.set_data_from_numpy(batch, binary_data=True)
@@ -178,25 +183,27 @@ class TritonEncoder:
             # The remote batches on its own; here a "batch" is one request and its round trip is "inference".
             tower = "text" if model == TEXT_MODEL else "image"
             timings = {"queue": 0.0, "preprocess": 0.0, "inference": time.perf_counter() - started, "post": 0.0}
-            self.observer.batch_done(tower, n, n, timings)
+            self.observer.batch_done(tower, n, rows, timings)
         if features.shape != (n, self.dim) or features.dtype != np.float32:
             raise ModelError(
                 f"Triton model '{model}' at {self.address} returned {features.dtype} {list(features.shape)}, "
                 f"expected float32 {[n, self.dim]} (manifest of {self.model_id})"
             )
-        return features
+        return features[:rows]
 
-    async def _check_model(
-        self, name: str, datatype: str, input_shapes: list[list[int]], output_shape: list[int], required: bool = True
-    ) -> list[int] | None:
-        """The model's input shape after checking it against the manifest; None when optional and absent."""
+    async def _check_model(self, name: str, datatype: str, item_dims: list[list[int]], required: bool = True) -> None:
+        """Check a model's metadata against the manifest and remember its input shape.
+
+        Accepted: input `datatype` [batch, *item_dims] and output FP32 [batch, dim], where batch is -1
+        (dynamic) or a fixed size B (a static graph); `required=False` tolerates a missing model.
+        """
         client = self._require_client()
         try:
             meta = await self._with_retries(f"metadata of {name}", lambda: client.get_model_metadata(name))
         except ModelError:
             if required:
                 raise
-            return None
+            return
         inputs, outputs = meta.get("inputs") or [], meta.get("outputs") or []
         if len(inputs) != 1 or len(outputs) < 1:
             raise ModelError(
@@ -206,17 +213,25 @@ class TritonEncoder:
         got_in, got_out = inputs[0], outputs[0]
         in_shape = [int(s) for s in got_in.get("shape", [])]
         out_shape = [int(s) for s in got_out.get("shape", [])]
-        if got_in.get("datatype") != datatype or in_shape not in input_shapes:
+        batch = in_shape[0] if in_shape else 0
+        wanted = " or ".join(str(["B", *dims]) for dims in item_dims).replace("'B'", "B")
+        if got_in.get("datatype") != datatype or batch == 0 or batch < -1 or in_shape[1:] not in item_dims:
             raise ModelError(
                 f"Triton model '{name}' at {self.address} takes {got_in.get('datatype')} {in_shape}, but the "
-                f"manifest of {self.model_id} needs {datatype} {' or '.join(map(str, input_shapes))}"
+                f"manifest of {self.model_id} needs {datatype} {wanted} (B = -1 or a fixed batch)"
             )
-        if got_out.get("datatype") != "FP32" or out_shape != output_shape:
+        output_name = "text_features" if name == TEXT_MODEL else "image_features"
+        if got_out.get("name") != output_name:
+            raise ModelError(
+                f"Triton model '{name}' at {self.address} outputs '{got_out.get('name')}', expected '{output_name}' "
+                "(L2-normalised features; see `cnclip export-triton`)"
+            )
+        if got_out.get("datatype") != "FP32" or out_shape != [batch, self.dim]:
             raise ModelError(
                 f"Triton model '{name}' at {self.address} outputs {got_out.get('datatype')} {out_shape}, but the "
-                f"manifest of {self.model_id} has embed_dim {self.dim} (FP32 {output_shape})"
+                f"manifest of {self.model_id} has embed_dim {self.dim} (FP32 {[batch, self.dim]})"
             )
-        return in_shape
+        self._inputs[name] = in_shape
 
     async def _with_retries(
         self, what: str, call: Callable[[], Awaitable[T]], rejected: type[InvalidInput] = InvalidInput
@@ -229,7 +244,8 @@ class TritonEncoder:
         started = time.perf_counter()
         while True:
             try:
-                return await call()
+                async with asyncio.timeout(self.timeout_s):
+                    return await call()
             except TimeoutError as exc:
                 # A slow server is not helped by sending it the same work again.
                 raise EncoderUnavailable(

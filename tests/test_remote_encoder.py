@@ -38,6 +38,7 @@ class FlakyEncoder:
 
     def __init__(self, inner: Any, failures: int = 0, delay_s: float = 0.0) -> None:
         self.inner, self.failures, self.delay_s, self.calls = inner, failures, delay_s, 0
+        self.batch_sizes: list[int] = []
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -49,10 +50,12 @@ class FlakyEncoder:
             raise EncoderUnavailable("simulated outage")
 
     async def embed_token_ids(self, ids: np.ndarray) -> np.ndarray:
+        self.batch_sizes.append(len(ids))
         await self._gate()
         return await self.inner.embed_token_ids(ids)
 
     async def embed_images(self, images: list[bytes]) -> np.ndarray:
+        self.batch_sizes.append(len(images))
         await self._gate()
         return await self.inner.embed_images(images)
 
@@ -166,12 +169,13 @@ def test_persistent_5xx_gives_up_with_the_server_message(remote_settings: Settin
 
 
 def test_slow_server_times_out(remote_settings: Settings) -> None:
-    slow = FlakyEncoder(local_encoder(remote_settings), delay_s=2.0)
+    slow = FlakyEncoder(local_encoder(remote_settings), delay_s=3.0)
     with ServerThread(v2_app(slow)) as slow_server:
 
         async def scenario() -> float:
-            encoder = remote(remote_settings, slow_server.url, timeout_s=0.3)
+            encoder = remote(remote_settings, slow_server.url)
             await encoder.start()  # metadata is fast; only inference is slow
+            encoder.timeout_s = 0.3
             started = time.perf_counter()
             try:
                 await encoder.embed_texts(["慢"])
@@ -205,7 +209,7 @@ def test_shapes_that_differ_from_the_manifest_refuse_to_start(server: ServerThre
         asyncio.run(remote(remote_settings, server.url, manifest=wider).start())
     assert "outputs FP32 [-1, 32], but the manifest of toy has embed_dim 512" in err.value.message
     longer = dataclasses.replace(manifest, context_length=77)
-    with pytest.raises(ModelError, match=r"takes INT64 \[-1, 52\], but the manifest of toy needs INT64 \[-1, 77\]"):
+    with pytest.raises(ModelError, match=r"takes INT64 \[-1, 52\], but the manifest of toy needs INT64 \[B, 77\]"):
         asyncio.run(remote(remote_settings, server.url, manifest=longer).start())
 
 
@@ -231,3 +235,44 @@ def test_create_encoder_picks_triton_for_a_triton_url(remote_settings: Settings)
     assert isinstance(create_encoder(remote_settings), LocalEncoder)
     env_settings = Settings(_env_file=None, model_dir=remote_settings.model_dir, encoder="http://gpu-1:8000")
     assert isinstance(create_encoder(env_settings), TritonEncoder)
+
+
+def test_a_static_remote_model_gets_padded_batches(remote_settings: Settings) -> None:
+    """An npu_ge export serves fixed shapes ([8, 52]); requests are padded to 8 and the padding dropped."""
+
+    def static_metadata(app: FastAPI) -> None:
+        shapes = {"cnclip_text": ("text", "INT64", [8, 52]), "cnclip_image_bytes": ("image_bytes", "BYTES", [8])}
+        for model, (name, datatype, shape) in shapes.items():
+            out = "text_features" if model == "cnclip_text" else "image_features"
+
+            async def metadata(
+                model: str = model, name: str = name, datatype: str = datatype, shape: list = shape, out: str = out
+            ) -> dict[str, Any]:
+                return {
+                    "name": model,
+                    "inputs": [{"name": name, "datatype": datatype, "shape": shape}],
+                    "outputs": [{"name": out, "datatype": "FP32", "shape": [8, 32]}],
+                }
+
+            app.get(f"/v2/models/{model}")(metadata)
+
+    counting = FlakyEncoder(local_encoder(remote_settings))
+    texts = [f"第{i}只猫" for i in range(11)]
+    files = [image_file((40 * i, 100, 30)) for i in range(3)]
+    with ServerThread(v2_app(counting, static_metadata)) as static_server:
+
+        async def scenario() -> tuple[np.ndarray, np.ndarray]:
+            encoder = remote(remote_settings, static_server.url)
+            await encoder.start()
+            try:
+                return await encoder.embed_texts(texts), await encoder.embed_images(files)
+            finally:
+                await encoder.close()
+
+        text, image = asyncio.run(scenario())
+        expected_text = static_server.call(counting.inner.embed_texts(texts))
+        expected_image = static_server.call(counting.inner.embed_images(files))
+    assert sorted(counting.batch_sizes) == [8, 8, 8]  # 11 texts → 8 + 3 padded to 8; 3 images → 8
+    assert text.shape == (11, 32) and image.shape == (3, 32)
+    np.testing.assert_allclose(text, expected_text, atol=1e-6)
+    np.testing.assert_allclose(image, expected_image, atol=1e-6)

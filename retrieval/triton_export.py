@@ -1,0 +1,402 @@
+"""Write a Triton model repository from a converted model directory (`cnclip export-triton`).
+
+    REPO/
+      cnclip_text/         1/model.onnx + config.pbtxt   INT64 [-1, 52]        → text_features  FP32 [-1, d]
+      cnclip_image/        1/model.onnx + config.pbtxt   FP32  [-1, 3, R, R]   → image_features FP32 [-1, d]
+      preprocess/          1/model.py   + config.pbtxt   BYTES [-1] JPEG/PNG   → image FP32 [-1, 3, R, R]
+      cnclip_image_bytes/  1/           + config.pbtxt   ensemble: preprocess → cnclip_image
+
+The model names, tensor names and shapes are the ones our own `/v2` endpoint serves, so the
+remote encoder (`CNCLIP_ENCODER=triton://…`) works against either.
+
+Backends:
+- `onnxruntime`: one batch-dynamic graph per tower (the bucket graphs with their batch dimension
+  relaxed, checked numerically against the bucket graph), `max_batch_size` and Triton's
+  `dynamic_batching` with our buckets as preferred sizes.
+- `npu_ge` (Ascend ge-backend, the seed's deployment): the fixed-shape graph of one bucket with
+  `static_model` — the seed's 2.6× step — so no dynamic batching (a static graph has one batch
+  size; `max_batch_size: 0` and full shapes), plus `ge.aicoreNum` (core locking per stream) and
+  `device_ids`. `instance_group.count > 1` gives the ge-backend's parallel streams.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+import onnx
+
+from retrieval.errors import InvalidInput, ModelError
+from retrieval.manifest import ModelManifest
+
+Backend = Literal["onnxruntime", "npu_ge"]
+TEXT_MODEL, IMAGE_MODEL, PREPROCESS_MODEL, ENSEMBLE_MODEL = (
+    "cnclip_text",
+    "cnclip_image",
+    "preprocess",
+    "cnclip_image_bytes",
+)
+# Tower → (Triton model, input tensor, output tensor): the names our /v2 endpoint serves.
+TOWER_MODELS = {"text": (TEXT_MODEL, "text", "text_features"), "image": (IMAGE_MODEL, "image", "image_features")}
+_TRITON_TYPES = {
+    onnx.TensorProto.FLOAT: "TYPE_FP32",
+    onnx.TensorProto.FLOAT16: "TYPE_FP16",
+    onnx.TensorProto.INT64: "TYPE_INT64",
+    onnx.TensorProto.INT32: "TYPE_INT32",
+}
+PREPROCESS_SOURCE = Path(__file__).with_name("triton_preprocess.py")
+
+
+@dataclass(frozen=True)
+class Symbol:
+    """An enum value in protobuf text format (written bare, not quoted)."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    backend: Backend = "onnxruntime"
+    instances: int = 1
+    max_batch: int | None = None  # onnxruntime: max_batch_size; npu_ge: the static bucket
+    aicore: str | None = None  # npu_ge "cube|vector" cores per stream, e.g. "12|10"
+    device_ids: tuple[int, ...] = ()
+    precision: str | None = None  # default: fp16 for npu_ge when present, else fp32
+    queue_delay_us: int = 4000
+    max_image_bytes: int = 20 * 1024 * 1024
+    max_image_pixels: int = 50_000_000
+
+
+@dataclass
+class ExportReport:
+    repository: Path
+    models: list[str] = field(default_factory=list)
+    batch: dict[str, int] = field(default_factory=dict)  # tower → max_batch_size (or the static batch)
+    source_bucket: dict[str, int] = field(default_factory=dict)  # tower → bucket graph it came from
+
+
+# --- protobuf text format ---------------------------------------------------------------------------
+
+
+def render_pbtxt(message: dict[str, Any], indent: int = 0) -> str:
+    """Protobuf text format for a message given as a dict (lists = repeated fields, dicts = messages)."""
+    pad = "  " * indent
+    lines: list[str] = []
+    for key, value in message.items():
+        if value is None:
+            continue
+        if isinstance(value, list) and value and isinstance(value[0], dict):
+            for item in value:
+                lines.append(f"{pad}{key} {{\n{render_pbtxt(item, indent + 1)}{pad}}}")
+        elif isinstance(value, list):
+            lines.append(f"{pad}{key}: [ {', '.join(_scalar(v) for v in value)} ]")
+        elif isinstance(value, dict):
+            lines.append(f"{pad}{key} {{\n{render_pbtxt(value, indent + 1)}{pad}}}")
+        else:
+            lines.append(f"{pad}{key}: {_scalar(value)}")
+    return "".join(line + "\n" for line in lines)
+
+
+def _scalar(value: Any) -> str:
+    if isinstance(value, Symbol):
+        return value.name
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int | float):
+        return repr(value)
+    return json.dumps(str(value), ensure_ascii=False)  # a quoted, escaped string
+
+
+def _parameters(values: dict[str, str]) -> list[dict[str, Any]]:
+    return [{"key": k, "value": {"string_value": v}} for k, v in values.items()]
+
+
+# --- graphs -------------------------------------------------------------------------------------------
+
+
+def _load_graph(manifest: ModelManifest, tower: str, precision: str, bucket: int) -> onnx.ModelProto:
+    # onnx.load pulls the shared external-data file in, so the written model.onnx is self-contained.
+    return onnx.load(str(manifest.graph_path(tower, precision, bucket)))
+
+
+def _rename_io(model: onnx.ModelProto, old: str, new: str) -> None:
+    if old == new:
+        return
+    for node in model.graph.node:
+        node.input[:] = [new if name == old else name for name in node.input]
+        node.output[:] = [new if name == old else name for name in node.output]
+    for value in [*model.graph.input, *model.graph.output]:
+        if value.name == old:
+            value.name = new
+
+
+def _relax_batch(model: onnx.ModelProto, bucket: int) -> onnx.ModelProto:
+    """A copy of a fixed-shape bucket graph with a symbolic batch dimension."""
+    relaxed = onnx.ModelProto()
+    relaxed.CopyFrom(model)
+    for value in [*relaxed.graph.input, *relaxed.graph.output]:
+        value.type.tensor_type.shape.dim[0].dim_param = "batch"
+    # Intermediate shapes recorded for the fixed batch would contradict the new one.
+    del relaxed.graph.value_info[:]
+    constants = {t.name: t for t in relaxed.graph.initializer}
+    for node in relaxed.graph.node:
+        if node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            constants[node.output[0]] = node.attribute[0].t
+    for node in relaxed.graph.node:
+        # A static export bakes the batch into Reshape targets ([b, 197, 768]); -1 lets it follow the input.
+        if node.op_type != "Reshape" or node.input[1] not in constants:
+            continue
+        tensor = constants[node.input[1]]
+        shape = onnx.numpy_helper.to_array(tensor).copy()
+        if shape.ndim == 1 and bucket in shape.tolist() and -1 not in shape.tolist() and bucket > 1:
+            shape[shape.tolist().index(bucket)] = -1
+            tensor.CopyFrom(onnx.numpy_helper.from_array(shape.astype(np.int64), tensor.name))
+    return relaxed
+
+
+def _sample_inputs(tower: str, model: onnx.ModelProto, rows: int, context_length: int) -> np.ndarray:
+    rng = np.random.default_rng(7)
+    if tower == "text":
+        from retrieval.tokenizer import tokenize
+
+        texts = ["穿红色裙子的女孩", "一只猫", "a dog 在草地上", "汽车", "城市夜景", "海边的日落", "苹果", "book"]
+        return tokenize([texts[i % len(texts)] for i in range(rows)], context_length)
+    elem = model.graph.input[0].type.tensor_type.elem_type
+    dims = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim][1:]
+    dtype = np.float16 if elem == onnx.TensorProto.FLOAT16 else np.float32
+    return rng.standard_normal((rows, *dims)).astype(dtype)
+
+
+def dynamic_batch_graph(
+    manifest: ModelManifest, tower: str, precision: str, batch_sizes: Sequence[int] = (1, 2, 3, 5)
+) -> tuple[onnx.ModelProto, int]:
+    """The tower's graph with a dynamic batch dimension, and the bucket it came from.
+
+    Every candidate is checked with ONNX Runtime: at each of `batch_sizes` its rows must equal the
+    bucket graph's rows for the same inputs, so a batch size baked into the graph cannot slip through.
+    """
+    import onnxruntime as ort
+    from onnxruntime.capi import onnxruntime_pybind11_state as ort_state
+
+    _ORT_ERRORS = (ort_state.Fail, ort_state.InvalidArgument, ort_state.InvalidGraph, ort_state.RuntimeException)
+    buckets = manifest.towers[tower].buckets(precision)
+    # Buckets > 1 first: the value 1 is everywhere in a graph's shapes and would be ambiguous.
+    candidates = sorted(buckets, key=lambda b: (b == 1, b))
+    tolerance = 1e-4 if precision == "fp32" else 5e-3
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    failures = []
+    for bucket in candidates:
+        fixed = _load_graph(manifest, tower, precision, bucket)
+        relaxed = _relax_batch(fixed, bucket)
+        input_name = fixed.graph.input[0].name
+        try:
+            reference = ort.InferenceSession(fixed.SerializeToString(), options, providers=["CPUExecutionProvider"])
+            candidate = ort.InferenceSession(relaxed.SerializeToString(), options, providers=["CPUExecutionProvider"])
+            rows = bucket * -(-max(batch_sizes) // bucket)  # whole bucket batches covering every size checked
+            x = _sample_inputs(tower, fixed, rows, manifest.context_length)
+            expected = np.concatenate(
+                [reference.run(None, {input_name: x[i : i + bucket]})[0] for i in range(0, rows, bucket)]
+            )
+            for n in sorted({*batch_sizes, bucket, rows}):
+                got = candidate.run(None, {input_name: x[:n]})[0]
+                if got.shape != expected[:n].shape or not np.allclose(got, expected[:n], atol=tolerance):
+                    raise ValueError(f"batch {n} differs from the bucket graph")
+        except (ValueError, *_ORT_ERRORS) as exc:
+            failures.append(f"b{bucket}: {str(exc).splitlines()[0][:160]}")
+            continue
+        return relaxed, bucket
+    raise ModelError(
+        f"cannot make a batch-dynamic {tower} graph from the {precision} bucket graphs ({'; '.join(failures)}); "
+        "export with --backend npu_ge, which uses a fixed-shape graph as it is"
+    )
+
+
+# --- configs ------------------------------------------------------------------------------------------
+
+
+def _instance_group(options: ExportOptions, kind_default: str | None) -> list[dict[str, Any]]:
+    group: dict[str, Any] = {"count": options.instances}
+    if options.backend == "onnxruntime" and options.device_ids:
+        group.update(kind=Symbol("KIND_GPU"), gpus=list(options.device_ids))
+    elif kind_default is not None:
+        group["kind"] = Symbol(kind_default)
+    return [group]
+
+
+def _tower_config(
+    name: str, input_name: str, input_type: str, input_dims: list[int], output_name: str, dim: int,
+    options: ExportOptions, batch: int, buckets: list[int],
+) -> dict[str, Any]:  # fmt: skip
+    config: dict[str, Any] = {"name": name, "backend": options.backend}
+    if options.backend == "onnxruntime":
+        config["max_batch_size"] = batch
+        config["input"] = [{"name": input_name, "data_type": Symbol(input_type), "dims": input_dims}]
+        config["output"] = [{"name": output_name, "data_type": Symbol("TYPE_FP32"), "dims": [dim]}]
+        config["instance_group"] = _instance_group(options, None)  # KIND_AUTO: the GPUs when there are any
+        config["dynamic_batching"] = {
+            "preferred_batch_size": [b for b in buckets if 1 < b <= batch] or [batch],
+            "max_queue_delay_microseconds": options.queue_delay_us,
+        }
+        return config
+    # npu_ge with static_model: one fixed batch, so full shapes and no Triton batching at all.
+    config["max_batch_size"] = 0
+    config["input"] = [{"name": input_name, "data_type": Symbol(input_type), "dims": [batch, *input_dims]}]
+    config["output"] = [{"name": output_name, "data_type": Symbol("TYPE_FP32"), "dims": [batch, dim]}]
+    # Triton has no NPU kind: the ge-backend places its instances (streams) on `device_ids` itself.
+    config["instance_group"] = _instance_group(options, "KIND_CPU")
+    params = {"static_model": "true"}
+    if options.aicore:
+        params["ge.aicoreNum"] = options.aicore
+    if options.device_ids:
+        params["device_ids"] = ",".join(map(str, options.device_ids))
+    config["parameters"] = _parameters(params)
+    return config
+
+
+def _preprocess_config(manifest: ModelManifest, options: ExportOptions) -> dict[str, Any]:
+    size = manifest.image_size
+    return {
+        "name": PREPROCESS_MODEL,
+        "backend": "python",
+        "max_batch_size": 0,
+        "input": [{"name": "image_bytes", "data_type": Symbol("TYPE_STRING"), "dims": [-1]}],
+        "output": [{"name": "image", "data_type": Symbol("TYPE_FP32"), "dims": [-1, 3, size, size]}],
+        "instance_group": [{"count": max(2, options.instances), "kind": Symbol("KIND_CPU")}],
+        "parameters": _parameters(
+            {
+                "image_size": str(size),
+                "mean": json.dumps(list(manifest.mean)),
+                "std": json.dumps(list(manifest.std)),
+                "interpolation": "bicubic",
+                "max_image_bytes": str(options.max_image_bytes),
+                "max_image_pixels": str(options.max_image_pixels),
+            }
+        ),
+    }
+
+
+def _ensemble_config(manifest: ModelManifest, options: ExportOptions, batch: int) -> dict[str, Any]:
+    items = batch if options.backend == "npu_ge" else -1  # a static image graph takes exactly `batch` images
+    return {
+        "name": ENSEMBLE_MODEL,
+        "platform": "ensemble",
+        "max_batch_size": 0,
+        "input": [{"name": "image_bytes", "data_type": Symbol("TYPE_STRING"), "dims": [items]}],
+        "output": [{"name": "image_features", "data_type": Symbol("TYPE_FP32"), "dims": [items, manifest.embed_dim]}],
+        "ensemble_scheduling": {
+            "step": [
+                {
+                    "model_name": PREPROCESS_MODEL,
+                    "model_version": -1,
+                    "input_map": [{"key": "image_bytes", "value": "image_bytes"}],
+                    "output_map": [{"key": "image", "value": "preprocessed_image"}],
+                },
+                {
+                    "model_name": IMAGE_MODEL,
+                    "model_version": -1,
+                    "input_map": [{"key": "image", "value": "preprocessed_image"}],
+                    "output_map": [{"key": "image_features", "value": "image_features"}],
+                },
+            ]
+        },
+    }
+
+
+# --- the repository -----------------------------------------------------------------------------------
+
+
+def _check_options(manifest: ModelManifest, options: ExportOptions) -> str:
+    if options.instances < 1:
+        raise InvalidInput("--instances must be at least 1")
+    if options.aicore is not None:
+        if options.backend != "npu_ge":
+            raise InvalidInput("--aicore only applies to --backend npu_ge (Ascend ge-backend core locking)")
+        parts = options.aicore.split("|")
+        if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise InvalidInput(f"--aicore takes 'cube|vector' core counts such as 12|10, got '{options.aicore}'")
+    if options.max_batch is not None and options.max_batch < 1:
+        raise InvalidInput("--max-batch must be at least 1")
+    available = [p for p in ("fp32", "fp16", "int8") if all(p in t.graphs for t in manifest.towers.values())]
+    precision = options.precision or ("fp16" if options.backend == "npu_ge" and "fp16" in available else "fp32")
+    if precision not in available:
+        raise InvalidInput(f"model {manifest.name} has no {precision} graphs for both towers (it has {available})")
+    return precision
+
+
+def export_triton_repository(model_dir: Path, out: Path, options: ExportOptions, force: bool = False) -> ExportReport:
+    """Write the repository to `out` (built in a sibling temp folder, then moved into place)."""
+    manifest = ModelManifest.load(model_dir)
+    precision = _check_options(manifest, options)
+    out = Path(out)
+    if out.exists() and any(out.iterdir()) and not force:
+        raise InvalidInput(f"{out} exists and is not empty; pass --force to replace it")
+    staging = out.parent / f".{out.name}.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        report = _write_models(manifest, staging, out, options, precision)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)  # never leave a half-written repository behind
+        raise
+    if out.exists():
+        shutil.rmtree(out)
+    staging.rename(out)
+    return report
+
+
+def _write_models(
+    manifest: ModelManifest, staging: Path, out: Path, options: ExportOptions, precision: str
+) -> ExportReport:
+    report = ExportReport(repository=out)
+    batch_of_image = 0
+    for tower, (name, input_name, output_name) in TOWER_MODELS.items():
+        spec = manifest.towers[tower]
+        buckets = spec.buckets(precision)
+        if options.backend == "npu_ge":
+            batch = options.max_batch or buckets[-1]
+            if batch not in buckets:
+                raise InvalidInput(f"--max-batch {batch} is not a bucket of the {tower} graphs {buckets}")
+            graph, source = _load_graph(manifest, tower, precision, batch), batch
+        else:
+            batch = options.max_batch or buckets[-1]
+            graph, source = dynamic_batch_graph(manifest, tower, precision)
+        _rename_io(graph, spec.input_name, input_name)
+        _rename_io(graph, spec.output_name, output_name)
+        tensor_type = graph.graph.input[0].type.tensor_type
+        input_dims = [d.dim_value for d in tensor_type.shape.dim][1:]
+        input_type = _TRITON_TYPES.get(tensor_type.elem_type)
+        if input_type is None:
+            raise ModelError(f"{tower} graph input has an element type Triton configs here do not cover")
+        version_dir = staging / name / "1"
+        version_dir.mkdir(parents=True)
+        # Protobuf caps one message at 2 GB; bigger towers (ViT-H fp32) keep their weights beside the graph.
+        external = graph.ByteSize() > 1_800_000_000
+        onnx.save_model(
+            graph, str(version_dir / "model.onnx"), save_as_external_data=external, location="model.onnx.data"
+        )
+        config = _tower_config(
+            name, input_name, input_type, input_dims, output_name, manifest.embed_dim, options, batch, buckets
+        )
+        (staging / name / "config.pbtxt").write_text(render_pbtxt(config), encoding="utf-8")
+        report.models.append(name)
+        report.batch[tower] = batch
+        report.source_bucket[tower] = source
+        if tower == "image":
+            batch_of_image = batch
+    (staging / PREPROCESS_MODEL / "1").mkdir(parents=True)
+    shutil.copyfile(PREPROCESS_SOURCE, staging / PREPROCESS_MODEL / "1" / "model.py")
+    (staging / PREPROCESS_MODEL / "config.pbtxt").write_text(
+        render_pbtxt(_preprocess_config(manifest, options)), encoding="utf-8"
+    )
+    (staging / ENSEMBLE_MODEL / "1").mkdir(parents=True)  # Triton wants a version folder, even an empty one
+    (staging / ENSEMBLE_MODEL / "config.pbtxt").write_text(
+        render_pbtxt(_ensemble_config(manifest, options, batch_of_image)), encoding="utf-8"
+    )
+    report.models += [PREPROCESS_MODEL, ENSEMBLE_MODEL]
+    return report
