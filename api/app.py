@@ -13,12 +13,13 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
 from api import kserve
-from api.deps import run_blocking
+from api.blocking import run_blocking
 from api.errors import install_error_handlers
 from api.label_store import LabelSetStore
 from api.limits import FORM_OVERHEAD, BodySizeLimitMiddleware
 from api.metrics import RequestMetricsMiddleware, ServiceMetrics
 from api.routes import classify, collections, embed, health, items, label_sets, search
+from api.searching import CollectionDirectory
 from indexer.catalog import open_catalog
 from indexer.types import Catalog
 from retrieval.config import Settings
@@ -71,6 +72,7 @@ def create_app(settings: Settings, encoder: Encoder | None = None, catalog: Cata
     app.state.metrics = metrics
     app.state.encoder = None
     app.state.catalog = None
+    app.state.collections = CollectionDirectory()
     app.state.label_sets = LabelSetStore(settings.data_dir / "label_sets.json")
     app.state.thumbs_dir = settings.data_dir / "thumbs"
 

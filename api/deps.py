@@ -1,30 +1,22 @@
 """Dependencies the routes declare with `Annotated`: the app's settings, encoder, catalog and
-stores (all from `app.state`, set by the lifespan), API-key checks, and `run_blocking` for the
-catalog's synchronous calls (SQL and FAISS never run on the event loop)."""
+stores (all from `app.state`, set by the lifespan), API-key checks, and `run_blocking` (api/blocking.py)
+for the catalog's synchronous calls: SQL and FAISS never run on the event loop."""
 
 from __future__ import annotations
 
-import functools
 import hmac
-from collections.abc import Callable
-from typing import Annotated, Any, TypeVar
+from typing import Annotated
 
-import anyio.to_thread
 from fastapi import Depends, Request
 
+from api.blocking import run_blocking as run_blocking  # re-exported for the routes
 from api.label_store import LabelSetStore
 from api.metrics import ServiceMetrics
+from api.searching import CollectionDirectory
 from indexer.types import Catalog
 from retrieval.config import Settings
 from retrieval.errors import EncoderUnavailable, Unauthorized
 from retrieval.types import Encoder
-
-T = TypeVar("T")
-
-
-async def run_blocking(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-    """Run a blocking call (SQL, FAISS, PIL) in a worker thread."""
-    return await anyio.to_thread.run_sync(functools.partial(fn, *args, **kwargs))
 
 
 async def _settings(request: Request) -> Settings:
@@ -51,6 +43,10 @@ async def _metrics(request: Request) -> ServiceMetrics:
 
 async def _label_sets(request: Request) -> LabelSetStore:
     return request.app.state.label_sets
+
+
+async def _collections(request: Request) -> CollectionDirectory:
+    return request.app.state.collections
 
 
 def _presented_key(request: Request) -> str | None:
@@ -89,5 +85,6 @@ EncoderDep = Annotated[Encoder, Depends(_encoder)]
 CatalogDep = Annotated[Catalog, Depends(_catalog)]
 MetricsDep = Annotated[ServiceMetrics, Depends(_metrics)]
 LabelSetsDep = Annotated[LabelSetStore, Depends(_label_sets)]
+CollectionsDep = Annotated[CollectionDirectory, Depends(_collections)]
 ReadAccess = Depends(require_read_key)
 WriteAccess = Depends(require_write_key)

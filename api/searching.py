@@ -8,7 +8,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from api.deps import run_blocking
+from api.blocking import run_blocking
 from api.schemas import Filters, ItemOut, SearchResult
 from indexer.types import Catalog, CollectionInfo, CollectionKind, ItemRecord, SearchFilters
 from retrieval.errors import InvalidInput, NotFound
@@ -63,20 +63,45 @@ def to_search_filters(filters: Filters | None) -> SearchFilters | None:
     return SearchFilters(tags=filters.tags, mime=filters.mime, date_from=filters.date_from, date_to=filters.date_to)
 
 
-async def resolve_collection(
-    catalog: Catalog, name: str | None, kind: CollectionKind, encoder: Encoder
-) -> CollectionInfo:
-    """The named collection (404 when unknown), or the default one of `kind`; it must hold `kind`
-    and have vectors of the encoder's dimension."""
-    if name is None:
-        info = await run_blocking(catalog.default_collection, kind)
+class CollectionDirectory:
+    """Name, kind, model and dimension of collections, remembered after the first lookup.
+
+    The catalog's `get_collection` / `default_collection` also count items, which is a scan of the
+    collection's rows; a search needs none of that. Collections are never renamed, dropped or
+    re-kinded, and the default of a kind (the oldest) never changes once it exists, so what is
+    remembered stays true; only "none yet" is asked again each time.
+    """
+
+    def __init__(self) -> None:
+        self._by_name: dict[str, CollectionInfo] = {}
+        self._default: dict[str, str] = {}
+
+    async def resolve(self, catalog: Catalog, name: str | None, kind: CollectionKind) -> CollectionInfo:
+        """The named collection (404 when unknown) or the default one of `kind`; it must hold `kind`."""
+        if name is None:
+            name = self._default.get(kind)
+            if name is None:
+                info = await run_blocking(catalog.default_collection, kind)
+                if info is None:
+                    noun = "image" if kind == "images" else "text"
+                    raise NotFound(f"there is no {noun} collection yet; add one (cnclip index ...) or name one")
+                self._default[kind] = info.name
+                self._by_name[info.name] = info
+                return info
+        info = self._by_name.get(name)
         if info is None:
-            noun = "image" if kind == "images" else "text"
-            raise NotFound(f"there is no {noun} collection yet; add one (cnclip index ...) or name one")
-    else:
-        info = await run_blocking(catalog.get_collection, name)
+            info = await run_blocking(catalog.get_collection, name)
+            self._by_name[name] = info
         if info.kind != kind:
             raise InvalidInput(f"collection {name!r} holds {info.kind}, but this search needs {kind}")
+        return info
+
+
+async def resolve_collection(
+    directory: CollectionDirectory, catalog: Catalog, name: str | None, kind: CollectionKind, encoder: Encoder
+) -> CollectionInfo:
+    """The collection a search runs on, checked against the encoder's vector dimension."""
+    info = await directory.resolve(catalog, name, kind)
     if info.dim != encoder.dim:
         raise InvalidInput(
             f"collection {info.name!r} was indexed with {info.model} ({info.dim}-d vectors); "

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, File, Form, Path, UploadFile
 
-from api.deps import CatalogDep, EncoderDep, ReadAccess, SettingsDep, WriteAccess, run_blocking
+from api.deps import CatalogDep, CollectionsDep, EncoderDep, ReadAccess, SettingsDep, WriteAccess, run_blocking
 from api.schemas import (
     MAX_QUERY_CHARS,
     MAX_TAGS,
@@ -17,8 +17,9 @@ from api.schemas import (
     CollectionOut,
     CreateCollectionRequest,
 )
+from api.searching import CollectionDirectory
 from api.uploads import inspect_image, parse_string_list, read_upload
-from indexer.types import Catalog, CollectionInfo, NewImage, NewText
+from indexer.types import Catalog, CollectionInfo, CollectionKind, NewImage, NewText
 from retrieval.errors import InvalidInput
 
 router = APIRouter(prefix="/v1/collections", tags=["collections"])
@@ -73,13 +74,12 @@ async def get_collection(name: Name, catalog: CatalogDep) -> CollectionOut:
     return found
 
 
-async def _writable(catalog: Catalog, name: str, kind: str, dim: int) -> CollectionInfo:
-    info = await run_blocking(catalog.get_collection, name)
-    if info.kind != kind:
-        raise InvalidInput(f"collection {name!r} holds {info.kind}, not {kind}")
+async def _writable(
+    directory: CollectionDirectory, catalog: Catalog, name: str, kind: CollectionKind, dim: int
+) -> None:
+    info = await directory.resolve(catalog, name, kind)
     if info.dim != dim:
         raise InvalidInput(f"collection {name!r} holds {info.dim}-d vectors of {info.model}; the server's are {dim}-d")
-    return info
 
 
 @router.post("/{name}/items", response_model=AddedItem, status_code=201, dependencies=[WriteAccess])
@@ -87,13 +87,14 @@ async def add_image(
     name: Name,
     file: Annotated[UploadFile, File(description="JPEG/PNG/WebP image bytes.")],
     catalog: CatalogDep,
+    collections: CollectionsDep,
     encoder: EncoderDep,
     settings: SettingsDep,
     caption: Annotated[str | None, Form(max_length=MAX_QUERY_CHARS)] = None,
     tags: Annotated[str | None, Form(description="Comma-separated (猫,室内) or a JSON list.")] = None,
 ) -> AddedItem:
     """Add one image (with optional caption and tags) to an image collection."""
-    await _writable(catalog, name, "images", encoder.dim)
+    await _writable(collections, catalog, name, "images", encoder.dim)
     tag_list = parse_string_list(tags, "tags", MAX_TAGS, 64) or []
     data = await read_upload(file, settings.max_image_bytes)
     await run_blocking(inspect_image, data, settings)
@@ -104,9 +105,11 @@ async def add_image(
 
 
 @router.post("/{name}/texts", response_model=AddedItems, status_code=201, dependencies=[WriteAccess])
-async def add_texts(name: Name, body: AddTextsRequest, catalog: CatalogDep, encoder: EncoderDep) -> AddedItems:
+async def add_texts(
+    name: Name, body: AddTextsRequest, catalog: CatalogDep, collections: CollectionsDep, encoder: EncoderDep
+) -> AddedItems:
     """Add texts (captions, tags, sentences) to a text collection, for image → text search."""
-    await _writable(catalog, name, "texts", encoder.dim)
+    await _writable(collections, catalog, name, "texts", encoder.dim)
     texts = body.normalised()
     added = []
     for start in range(0, len(texts), TEXT_BATCH):

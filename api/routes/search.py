@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, File, Form, UploadFile
 
-from api.deps import CatalogDep, EncoderDep, MetricsDep, ReadAccess, SettingsDep, run_blocking
+from api.deps import CatalogDep, CollectionsDep, EncoderDep, MetricsDep, ReadAccess, SettingsDep, run_blocking
 from api.schemas import MAX_K, NAME_PATTERN, SearchResponse, TextSearchRequest
 from api.searching import StageTimer, resolve_collection, search_by_vector, to_search_filters
 from api.uploads import inspect_image, read_upload
@@ -16,11 +16,15 @@ router = APIRouter(prefix="/v1/search", tags=["search"], dependencies=[ReadAcces
 
 @router.post("/text", response_model=SearchResponse)
 async def search_text(
-    body: TextSearchRequest, encoder: EncoderDep, catalog: CatalogDep, metrics: MetricsDep
+    body: TextSearchRequest,
+    encoder: EncoderDep,
+    catalog: CatalogDep,
+    collections: CollectionsDep,
+    metrics: MetricsDep,
 ) -> SearchResponse:
     """Images (of `collection`, default: the default image collection) that match a text."""
     timer = StageTimer()
-    info = await resolve_collection(catalog, body.collection, "images", encoder)
+    info = await resolve_collection(collections, catalog, body.collection, "images", encoder)
     vector = (await encoder.embed_texts([body.query]))[0]
     timer.mark("encode")
     results = await search_by_vector(catalog, info.name, vector, body.k, to_search_filters(body.filters), timer)
@@ -34,6 +38,7 @@ async def search_image(
     file: Annotated[UploadFile, File(description="JPEG/PNG/WebP image bytes.")],
     encoder: EncoderDep,
     catalog: CatalogDep,
+    collections: CollectionsDep,
     metrics: MetricsDep,
     settings: SettingsDep,
     k: Annotated[int, Form(ge=1, le=MAX_K)] = 20,
@@ -47,7 +52,7 @@ async def search_image(
     data = await read_upload(file, settings.max_image_bytes)
     await run_blocking(inspect_image, data, settings)
     timer.mark("read")
-    info = await resolve_collection(catalog, collection or None, target, encoder)
+    info = await resolve_collection(collections, catalog, collection or None, target, encoder)
     vector = (await encoder.embed_images([data]))[0]
     timer.mark("encode")
     results = await search_by_vector(catalog, info.name, vector, k, None, timer)
