@@ -28,7 +28,7 @@ def _int_list(text: str, what: str) -> list[int]:
 
 
 def _fail(console: Console, exc: CnclipError) -> typer.Exit:
-    console.print(f"[red]error:[/red] {exc.message}")
+    console.print(f"[red]error:[/red] {exc.message}", soft_wrap=True)
     return typer.Exit(1)
 
 

@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+import numpy as np
 import onnx
 from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument, InvalidGraph, RuntimeException
 
@@ -83,6 +84,32 @@ def _shape(model: onnx.ModelProto, name: str) -> list[int]:
     return [d.dim_value for d in value.type.tensor_type.shape.dim]
 
 
+def _try_bucket(
+    original: onnx.ModelProto,
+    tower: str,
+    precision: str,
+    bucket: int,
+    samples: np.ndarray,
+    reference: np.ndarray,
+    workdir: Path,
+) -> tuple[onnx.ModelProto, str] | None:
+    """The batch-`bucket` graph, simplified and normalised, if it reproduces the batch-1 original; else None."""
+    check = workdir / f".check.{tower}.{precision}.b{bucket}.onnx"
+    try:
+        simplified, method = simplify_graph(_with_batch(original, bucket))
+        candidate = append_l2_normalize(simplified, RAW_OUTPUT_NAMES[tower], OUTPUT_NAMES[tower])
+        onnx.save_model(candidate, str(check))
+        got = parity.onnx_features(check, samples, bucket)
+    except (ModelError, ValueError, Fail, InvalidArgument, InvalidGraph, RuntimeException) as exc:
+        log.info("%s %s batch %d not usable: %s", tower, precision, bucket, exc)
+        return None
+    finally:
+        check.unlink(missing_ok=True)
+    if float(parity.cosines(got, reference).min()) < BATCH_COSINE[precision]:
+        return None
+    return candidate, method
+
+
 def wrap_cnclip_onnx(
     prefix: str | Path,
     out: Path,
@@ -113,32 +140,26 @@ def wrap_cnclip_onnx(
             else:
                 context_length = _shape(original, "text")[-1] or context_length
             samples = parity.sample_images(8, image_size) if tower == "image" else parity.sample_texts()[:8]
-            reference = parity.onnx_features(path, samples, 1)
+            try:
+                reference = parity.onnx_features(path, samples, 1, basic=True)
+            except (Fail, InvalidArgument, InvalidGraph, RuntimeException) as exc:
+                raise ModelError(f"ONNX Runtime cannot run {path}: {exc}") from exc
             embed_dim = reference.shape[1]
             graphs: dict[str, onnx.ModelProto] = {}
             kept: dict[int, str] = {}
             dropped: list[int] = []
             for bucket in sorted(set(buckets) | {1}):
                 progress(f"{tower} {precision} b{bucket}")
-                try:
-                    simplified, method = simplify_graph(_with_batch(original, bucket))
-                    candidate = append_l2_normalize(simplified, RAW_OUTPUT_NAMES[tower], OUTPUT_NAMES[tower])
-                    check = out / f".check.{tower}.onnx"
-                    onnx.save_model(candidate, str(check))
-                    got = parity.onnx_features(check, samples, bucket)
-                    check.unlink()
-                except (ModelError, ValueError, Fail, InvalidArgument, InvalidGraph, RuntimeException) as exc:
-                    log.info("%s %s batch %d not usable: %s", tower, precision, bucket, exc)
-                    got, candidate, method = None, None, ""
-                ok = got is not None and float(parity.cosines(got, reference).min()) >= BATCH_COSINE[precision]
-                if bucket != 1 and not ok:
+                attempt = _try_bucket(original, tower, precision, bucket, samples, reference, out)
+                if attempt is None and bucket != 1:
                     dropped.append(bucket)
                     continue
-                if not ok:
+                if attempt is None:
                     raise ModelError(f"{path}: the simplified batch-1 graph does not reproduce the original")
+                candidate, method = attempt
                 methods.add(method)
                 if bucket == 1 and tower not in report.ops:
-                    report.ops[tower] = {"bucket": 1, "before": op_counts(original), "after": op_counts(simplified)}
+                    report.ops[tower] = {"bucket": 1, "before": op_counts(original), "after": op_counts(candidate)}
                 file = f"{tower}.{precision}.b{bucket}.onnx"
                 graphs[file] = candidate
                 kept[bucket] = file

@@ -412,8 +412,10 @@ class BertModel(nn.Module):
 
 def normalize_config(config: dict[str, Any]) -> dict[str, Any]:
     """Validate a cn_clip-style merged config; `vision_layers` may be cn_clip's string form "[3,4,6,3]"."""
-    required = ("embed_dim", "image_resolution", "vision_layers", "vision_width", "vocab_size", "text_hidden_size")
-    required += ("text_num_hidden_layers", "text_num_attention_heads", "text_intermediate_size")
+    required = (
+        *("embed_dim", "image_resolution", "vision_layers", "vision_width", "vocab_size", "text_hidden_size"),
+        *("text_num_hidden_layers", "text_num_attention_heads", "text_intermediate_size"),
+    )
     missing = [k for k in required if k not in config]
     if missing:
         raise ValueError(f"model config lacks {', '.join(missing)} (use cn_clip's merged vision+text keys)")

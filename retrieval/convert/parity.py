@@ -93,14 +93,20 @@ def torch_features(model: CLIP, tower: str, inputs: np.ndarray, batch: int = 8) 
     return np.concatenate(out)
 
 
-def onnx_features(graph: Path, inputs: np.ndarray, bucket: int, threads: int = 0) -> np.ndarray:
-    """Features from one fixed-batch graph: inputs are run in bucket-sized chunks, the last one padded."""
+def onnx_features(graph: Path, inputs: np.ndarray, bucket: int, threads: int = 0, basic: bool = False) -> np.ndarray:
+    """Features from one fixed-batch graph: inputs are run in bucket-sized chunks, the last one padded.
+
+    `basic` limits ONNX Runtime to its basic graph optimisations, for graphs it is not ours to vouch
+    for (its fp16 layer-norm fusion fails on some unsimplified third-party graphs).
+    """
     import onnxruntime as ort
 
     ort.set_default_logger_severity(3)  # a graph that cannot run at this batch is an answer, not log noise
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.log_severity_level = 3
+    if basic:
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
     out = []

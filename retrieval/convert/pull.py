@@ -170,7 +170,7 @@ models_app = typer.Typer(help="Official Chinese-CLIP checkpoints.", no_args_is_h
 @models_app.command("list")
 def list_models() -> None:
     """List the checkpoints `cnclip models pull` knows, with their download URLs."""
-    base = Settings().model_base_url
+    base = Settings.model_validate({}).model_base_url
     console = Console()
     for c in CHECKPOINTS.values():
         console.print(f"{c.name:<14} {c.size_hint:>8}  {checkpoint_url(c, base)}")
@@ -189,7 +189,7 @@ def pull(
     try:
         if name not in CHECKPOINTS:
             raise InvalidInput(f"unknown model {name!r}; choose one of {', '.join(CHECKPOINTS)}")
-        settings = Settings()
+        settings = Settings.model_validate({})
         checkpoint = CHECKPOINTS[name]
         directory = dir or settings.data_dir / "checkpoints"
         target = directory / checkpoint.file
@@ -203,7 +203,7 @@ def pull(
             download(url, target, sha256, console)
             console.print(f"[green]saved[/green] {target}")
     except CnclipError as exc:
-        console.print(f"[red]error:[/red] {exc.message}")
+        console.print(f"[red]error:[/red] {exc.message}", soft_wrap=True)
         raise typer.Exit(1) from exc
     console.print(f"next: cnclip convert --arch {name} --checkpoint {target} --out models/{name.lower()}")
 
