@@ -1,9 +1,59 @@
-"""CLI commands of this package (see api/cli.py)."""
+"""CLI commands of this package (see api/cli.py): `cnclip demo`."""
 
 from __future__ import annotations
+
+from typing import Annotated
 
 import typer
 
 
 def register(app: typer.Typer) -> None:
     """Add this package's commands to the `cnclip` app."""
+
+    @app.command()
+    def demo(
+        serve: Annotated[bool, typer.Option("--serve/--no-serve", help="Start the server when done.")] = True,
+        host: Annotated[str | None, typer.Option(help="Address to bind (default: CNCLIP_HOST, 127.0.0.1).")] = None,
+        port: Annotated[int | None, typer.Option(help="Port to bind (default: CNCLIP_PORT, 8000).")] = None,
+    ) -> None:
+        """Generate and index a demo gallery (+ captions for image → text), then serve the UI.
+
+        The pictures and texts go under CNCLIP_DATA_DIR/demo; a second run reuses them and the indexer
+        skips what it already has. `--no-serve` does everything but start the server.
+        """
+        import asyncio
+        import logging
+
+        from demo.gallery import IMAGE_COLLECTION, TEXT_COLLECTION, example_commands, index_demo, write_demo_files
+        from retrieval.config import Settings
+        from retrieval.errors import CnclipError
+
+        logging.basicConfig(level=logging.WARNING, format="%(message)s")
+        overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
+        settings = Settings(**overrides)
+        typer.echo(f"cnclip demo: model {settings.model_dir}, data {settings.data_dir}")
+        try:
+            files = write_demo_files(settings)
+            typer.echo(f"{'generated' if files.created else 'reusing'} the demo gallery in {files.root}")
+            result = asyncio.run(index_demo(settings, files))
+        except CnclipError as exc:
+            typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+            raise typer.Exit(1) from exc
+        typer.echo(
+            f"{IMAGE_COLLECTION}: {result.images_added} pictures indexed, {result.images_skipped} already there"
+            + (f", {result.failures} failed" if result.failures else "")
+        )
+        typer.echo(f"{TEXT_COLLECTION}: {result.texts_added} texts added, {result.texts_existing} already there")
+        typer.echo("\nTry it:")
+        for what, command in example_commands(settings, files):
+            typer.echo(f"  # {what}\n  {command}")
+        if not serve:
+            return
+        import uvicorn
+
+        from api.app import create_app
+
+        typer.echo(f"\nserving http://{settings.host}:{settings.port}/ (Ctrl-C to stop)")
+        uvicorn.run(
+            create_app(settings), host=settings.host, port=settings.port, workers=1, timeout_graceful_shutdown=10
+        )

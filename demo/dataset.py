@@ -1,0 +1,403 @@
+"""The demo's captioned image set: coloured shapes on plain or textured backgrounds, drawn with Pillow.
+
+Everything is a pure function of a seed, so the training script, the evaluation, the tests and
+`cnclip demo` all see the same pictures without storing any. Every sample carries its attributes,
+and every caption records which attributes it names, so "a hit matches every attribute the query
+names" can be computed exactly (many pictures share one description).
+
+Held-out data differs from training data in two ways: its (shape, colour, background) combinations
+never occur in training, and its captions come from templates training never saw.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+
+from PIL import Image, ImageDraw
+
+IMAGE_SIZE = 224
+
+# canonical name -> caption words (synonyms). The canonical name is the tag and the zero-shot label.
+SHAPES: dict[str, tuple[str, ...]] = {
+    "圆形": ("圆形", "圆", "圆圈"),
+    "正方形": ("正方形", "方块", "方形"),
+    "三角形": ("三角形", "三角"),
+    "星形": ("星形", "星星", "五角星"),
+    "心形": ("心形", "爱心"),
+    "菱形": ("菱形",),
+    "十字形": ("十字形", "十字"),
+}
+COLOURS: dict[str, tuple[int, int, int]] = {
+    "红色": (220, 30, 35),
+    "橙色": (250, 135, 10),
+    "黄色": (245, 215, 20),
+    "绿色": (35, 165, 60),
+    "蓝色": (35, 80, 225),
+    "紫色": (135, 45, 195),
+    "黑色": (20, 20, 20),
+    "白色": (250, 250, 250),
+    "粉色": (250, 140, 190),
+    "棕色": (125, 75, 30),
+}
+BACKGROUNDS: dict[str, tuple[int, int, int]] = {
+    "白色": (238, 238, 238),
+    "黑色": (35, 35, 35),
+    "灰色": (140, 140, 140),
+    "蓝色": (70, 120, 215),
+    "绿色": (80, 170, 90),
+    "黄色": (240, 220, 90),
+}
+TEXTURES = ("纯色", "条纹", "格子", "圆点")
+POSITIONS = {"左边": (0.27, 0.5), "右边": (0.73, 0.5), "上面": (0.5, 0.27), "下面": (0.5, 0.73), "中间": (0.5, 0.5)}
+SIZES = ("大", "小")
+COUNT_WORDS = {1: "一", 2: "两", 3: "三"}
+# Attribute keys a caption can name.
+KEYS = ("shape", "colour", "count", "size", "position", "background", "texture")
+
+
+@dataclass(frozen=True)
+class Attributes:
+    shape: str
+    colour: str
+    count: int
+    size: str
+    position: str | None  # only single objects have a position
+    background: str
+    texture: str
+
+    def matches(self, named: dict[str, object]) -> bool:
+        """True when this picture has every attribute value a caption names."""
+        return all(getattr(self, k) == v for k, v in named.items())
+
+
+@dataclass(frozen=True)
+class Caption:
+    text: str
+    named: dict[str, object]  # the attributes this text names, with their values
+
+
+@dataclass(frozen=True)
+class Sample:
+    index: int
+    attributes: Attributes
+
+    def image(self) -> Image.Image:
+        return render(self.attributes, seed=self.index)
+
+
+# ---- the split ----------------------------------------------------------------------------------
+
+
+def _all_combos() -> list[tuple[str, str, str]]:
+    return [(s, c, b) for s in SHAPES for c in COLOURS for b in BACKGROUNDS if b != c]
+
+
+def heldout_combos(seed: int = 2024) -> frozenset[tuple[str, str, str]]:
+    """(shape, colour, background) triples that never appear in training: one background per pair.
+
+    Every (shape, colour) pair keeps four or five backgrounds in training, so held-out pictures test
+    new combinations of known words, not unknown words.
+    """
+    rng = random.Random(seed)
+    held = set()
+    for shape in SHAPES:
+        for colour in COLOURS:
+            held.add((shape, colour, rng.choice([b for b in BACKGROUNDS if b != colour])))
+    return frozenset(held)
+
+
+def sample_attributes(rng: random.Random, combos: list[tuple[str, str, str]]) -> Attributes:
+    shape, colour, background = rng.choice(combos)
+    count = rng.choice((1, 1, 2, 3))
+    return Attributes(
+        shape=shape,
+        colour=colour,
+        count=count,
+        size=rng.choice(SIZES),
+        position=rng.choice(list(POSITIONS)) if count == 1 else None,
+        background=background,
+        texture=rng.choice(TEXTURES),
+    )
+
+
+def samples(split: str, n: int, seed: int) -> list[Sample]:
+    """`n` samples of the `train` or `heldout` split; sample i's picture is a pure function of (seed, i)."""
+    held = heldout_combos()
+    if split == "train":
+        combos = [c for c in _all_combos() if c not in held]
+    elif split == "heldout":
+        combos = sorted(held)
+    elif split == "all":
+        combos = _all_combos()
+    else:
+        raise ValueError(f"unknown split {split!r}")
+    rng = random.Random(f"{split}:{seed}")
+    return [Sample(index=seed * 1_000_003 + i, attributes=sample_attributes(rng, combos)) for i in range(n)]
+
+
+def demo_gallery(n: int = 300, seed: int = 7) -> list[Sample]:
+    """The gallery `cnclip demo` indexes: every (shape, colour) pair at least once, then random ones."""
+    rng = random.Random(f"demo:{seed}")
+    combos = _all_combos()
+    out: list[Sample] = []
+    pairs = [(s, c) for s in SHAPES for c in COLOURS]
+    for i in range(n):
+        if i < len(pairs):
+            shape, colour = pairs[i]
+            pool = [t for t in combos if t[0] == shape and t[1] == colour]
+            attrs = sample_attributes(rng, pool)
+        else:
+            attrs = sample_attributes(rng, combos)
+        out.append(Sample(index=10_000_000 + seed * 100_003 + i, attributes=attrs))
+    return out
+
+
+# ---- captions -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Template:
+    pattern: str
+    keys: tuple[str, ...]  # the attributes it names
+    single_only: bool = False  # needs a single object (position, "一个…")
+
+
+TRAIN_TEMPLATES = (
+    Template("{n}{c}的{s}", ("count", "colour", "shape")),
+    Template("{n}{c}的{s}在{p}", ("count", "colour", "shape", "position"), single_only=True),
+    Template("{b}背景上的{c}{s}", ("background", "colour", "shape")),
+    Template("{c}{s}", ("colour", "shape")),
+    Template("{s}", ("shape",)),
+    Template("{c}的图形", ("colour",)),
+    Template("一张{c}{s}的图片", ("colour", "shape")),
+    Template("{n}{z}的{c}{s}", ("count", "size", "colour", "shape")),
+    Template("画面{p}有{n}{c}{s}", ("position", "count", "colour", "shape"), single_only=True),
+    Template("{t}背景", ("texture",)),
+    Template("{b}背景", ("background",)),
+    Template("{t}背景上有{n}{s}", ("texture", "count", "shape")),
+    Template("这张照片里是{c}的{s}", ("colour", "shape")),
+    Template("{n}{s}", ("count", "shape")),
+    Template("{z}{s}", ("size", "shape")),
+    Template("{c}的{s}和{b}的{t}背景", ("colour", "shape", "background", "texture")),
+    Template("{b}底色上画着{n}{s}", ("background", "count", "shape")),
+    Template("{s}的照片", ("shape",)),
+    Template("{c}的照片", ("colour",)),
+    Template("{z}的{c}{s}位于{p}", ("size", "colour", "shape", "position"), single_only=True),
+)
+# Phrasings the model never trains on: the held-out queries.
+HELDOUT_TEMPLATES = (
+    Template("{c}的{s}", ("colour", "shape")),
+    Template("图片里有{n}{c}的{s}", ("count", "colour", "shape")),
+    Template("{c}{s}，背景是{b}的", ("colour", "shape", "background")),
+    Template("{p}有一个{c}的{s}", ("position", "count", "colour", "shape"), single_only=True),
+    Template("{t}背景前的{c}{s}", ("texture", "colour", "shape")),
+    Template("很{z}的{c}{s}", ("size", "colour", "shape")),
+)
+
+
+# Photo-caption frames that web captions carry ("一张…的照片"); training wraps some captions in them so
+# that such words read as neutral, as zero-shot prompt templates need.
+FRAMES = (
+    "一张{}的照片",
+    "一张{}的图片",
+    "{}的照片",
+    "这是{}",
+    "一张清晰的{}的照片",
+    "一张模糊的{}的照片",
+    "{}的特写",
+    "这是一张{}的照片",
+)
+
+
+def _measure(shape_word: str) -> str:
+    return "颗" if shape_word in ("星星", "五角星", "爱心") else "个"
+
+
+def fill(template: Template, attrs: Attributes, rng: random.Random) -> Caption:
+    """Write `template` for `attrs`, picking synonyms with `rng`."""
+    shape_word = rng.choice(SHAPES[attrs.shape])
+    text = template.pattern.format(
+        n=COUNT_WORDS[attrs.count] + _measure(shape_word),
+        c=attrs.colour,
+        s=shape_word,
+        p=attrs.position or "",
+        z=attrs.size,
+        b=attrs.background,
+        t=attrs.texture,
+    )
+    values = asdict(attrs)
+    return Caption(text=text, named={k: values[k] for k in template.keys})
+
+
+def usable(templates: tuple[Template, ...], attrs: Attributes) -> list[Template]:
+    return [t for t in templates if attrs.count == 1 or not t.single_only]
+
+
+def caption(
+    attrs: Attributes, rng: random.Random, templates: tuple[Template, ...] = TRAIN_TEMPLATES, framed: float = 0.0
+) -> Caption:
+    """A random caption of `attrs` from `templates`, wrapped in a photo frame with probability `framed`."""
+    cap = fill(rng.choice(usable(templates, attrs)), attrs, rng)
+    if framed and rng.random() < framed:
+        cap = Caption(rng.choice(FRAMES).format(cap.text), cap.named)
+    return cap
+
+
+def tags(attrs: Attributes) -> list[str]:
+    """Short labels of a picture (stored beside it, and a text collection for image → text)."""
+    out = [
+        attrs.shape,
+        attrs.colour,
+        f"{attrs.background}背景",
+        f"{attrs.texture}背景",
+        f"{COUNT_WORDS[attrs.count]}个",
+    ]
+    if attrs.position:
+        out.append(attrs.position)
+    return out
+
+
+def tag_captions(attrs: Attributes) -> list[Caption]:
+    """The tags as captions with the attributes they name."""
+    out = [
+        Caption(attrs.shape, {"shape": attrs.shape}),
+        Caption(attrs.colour, {"colour": attrs.colour}),
+        Caption(f"{attrs.background}背景", {"background": attrs.background}),
+        Caption(f"{attrs.texture}背景", {"texture": attrs.texture}),
+    ]
+    return out
+
+
+# ---- drawing --------------------------------------------------------------------------------------
+
+
+def _jitter(colour: tuple[int, int, int], rng: random.Random, amount: int) -> tuple[int, int, int]:
+    r, g, b = (max(0, min(255, v + rng.randint(-amount, amount))) for v in colour)
+    return (r, g, b)
+
+
+def _tint(colour: tuple[int, int, int]) -> tuple[int, int, int]:
+    # Texture marks are a lighter or darker shade of the background, so its colour stays readable.
+    lum = sum(colour) / 3
+    if lum > 128:
+        return (int(colour[0] * 0.8), int(colour[1] * 0.8), int(colour[2] * 0.8))
+    return (min(255, colour[0] + 45), min(255, colour[1] + 45), min(255, colour[2] + 45))
+
+
+def _background(attrs: Attributes, rng: random.Random) -> Image.Image:
+    base = _jitter(BACKGROUNDS[attrs.background], rng, 10)
+    img = Image.new("RGB", (IMAGE_SIZE, IMAGE_SIZE), base)
+    draw = ImageDraw.Draw(img)
+    mark = _tint(base)
+    step = rng.randint(18, 30)
+    if attrs.texture == "条纹":
+        for x in range(-IMAGE_SIZE, IMAGE_SIZE, step):
+            band = [(x, 0), (x + step // 2, 0), (x + step // 2 + IMAGE_SIZE, IMAGE_SIZE), (x + IMAGE_SIZE, IMAGE_SIZE)]
+            draw.polygon(band, fill=mark)
+    elif attrs.texture == "格子":
+        for y in range(0, IMAGE_SIZE, step):
+            for x in range(0, IMAGE_SIZE, step):
+                if (x // step + y // step) % 2:
+                    draw.rectangle([x, y, x + step - 1, y + step - 1], fill=mark)
+    elif attrs.texture == "圆点":
+        for y in range(step // 2, IMAGE_SIZE, step):
+            for x in range(step // 2, IMAGE_SIZE, step):
+                r = step // 5
+                draw.ellipse([x - r, y - r, x + r, y + r], fill=mark)
+    return img
+
+
+def _regular(cx: float, cy: float, r: float, n: int, start: float) -> list[tuple[float, float]]:
+    return [
+        (cx + r * math.cos(start + 2 * math.pi * k / n), cy + r * math.sin(start + 2 * math.pi * k / n))
+        for k in range(n)
+    ]
+
+
+def _star(cx: float, cy: float, r: float) -> list[tuple[float, float]]:
+    pts = []
+    for k in range(10):
+        rad = r if k % 2 == 0 else r * 0.42
+        a = -math.pi / 2 + math.pi * k / 5
+        pts.append((cx + rad * math.cos(a), cy + rad * math.sin(a)))
+    return pts
+
+
+def _heart(cx: float, cy: float, r: float) -> list[tuple[float, float]]:
+    pts = []
+    for k in range(48):
+        t = 2 * math.pi * k / 48
+        x = 16 * math.sin(t) ** 3
+        y = 13 * math.cos(t) - 5 * math.cos(2 * t) - 2 * math.cos(3 * t) - math.cos(4 * t)
+        pts.append((cx + x * r / 17, cy - y * r / 17 + r * 0.1))
+    return pts
+
+
+def _cross(cx: float, cy: float, r: float) -> list[tuple[float, float]]:
+    w = r * 0.36
+    return [
+        (cx - w, cy - r), (cx + w, cy - r), (cx + w, cy - w), (cx + r, cy - w), (cx + r, cy + w), (cx + w, cy + w),
+        (cx + w, cy + r), (cx - w, cy + r), (cx - w, cy + w), (cx - r, cy + w), (cx - r, cy - w), (cx - w, cy - w),
+    ]  # fmt: skip
+
+
+def _draw_shape(
+    draw: ImageDraw.ImageDraw, shape: str, cx: float, cy: float, r: float, fill: tuple[int, int, int]
+) -> None:
+    if shape == "圆形":
+        draw.ellipse([cx - r, cy - r, cx + r, cy + r], fill=fill)
+    elif shape == "正方形":
+        s = r * 0.85
+        draw.rectangle([cx - s, cy - s, cx + s, cy + s], fill=fill)
+    elif shape == "三角形":
+        draw.polygon(_regular(cx, cy + r * 0.15, r * 1.05, 3, -math.pi / 2), fill=fill)
+    elif shape == "星形":
+        draw.polygon(_star(cx, cy, r * 1.05), fill=fill)
+    elif shape == "心形":
+        draw.polygon(_heart(cx, cy, r), fill=fill)
+    elif shape == "菱形":
+        draw.polygon([(cx, cy - r), (cx + r * 0.68, cy), (cx, cy + r), (cx - r * 0.68, cy)], fill=fill)
+    elif shape == "十字形":
+        draw.polygon(_cross(cx, cy, r), fill=fill)
+    else:
+        raise ValueError(f"unknown shape {shape!r}")
+
+
+def _centres(attrs: Attributes, r: float, rng: random.Random) -> list[tuple[float, float]]:
+    if attrs.count == 1:
+        assert attrs.position is not None
+        fx, fy = POSITIONS[attrs.position]
+        return [(fx * IMAGE_SIZE + rng.uniform(-8, 8), fy * IMAGE_SIZE + rng.uniform(-8, 8))]
+    centres: list[tuple[float, float]] = []
+    margin = r + 4
+    for _ in range(500):
+        c = (rng.uniform(margin, IMAGE_SIZE - margin), rng.uniform(margin, IMAGE_SIZE - margin))
+        if all(math.dist(c, o) > 2 * r + 6 for o in centres):
+            centres.append(c)
+            if len(centres) == attrs.count:
+                return centres
+    # Crowded: fall back to a fixed row, which always fits.
+    return [(IMAGE_SIZE * (k + 1) / (attrs.count + 1), IMAGE_SIZE / 2) for k in range(attrs.count)]
+
+
+def render(attrs: Attributes, seed: int) -> Image.Image:
+    """Draw the picture of `attrs` (224×224 RGB); `seed` varies placement, shade and texture scale."""
+    rng = random.Random(seed)
+    img = _background(attrs, rng)
+    draw = ImageDraw.Draw(img)
+    if attrs.count == 1:
+        r = IMAGE_SIZE * (rng.uniform(0.19, 0.23) if attrs.size == "大" else rng.uniform(0.11, 0.13))
+    else:
+        r = IMAGE_SIZE * (rng.uniform(0.15, 0.17) if attrs.size == "大" else rng.uniform(0.09, 0.105))
+    fill = _jitter(COLOURS[attrs.colour], rng, 12)
+    for cx, cy in _centres(attrs, r, rng):
+        _draw_shape(draw, attrs.shape, cx, cy, r, fill)
+    return img
+
+
+def iter_images(items: list[Sample]) -> Iterator[tuple[Sample, Image.Image]]:
+    for s in items:
+        yield s, s.image()

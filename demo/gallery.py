@@ -1,0 +1,157 @@
+"""`cnclip demo`'s data: a gallery of generated pictures and a text collection, indexed for real.
+
+Layout under `<data_dir>/demo/`:
+
+    images/demo-0000.png …   the pictures (224×224 PNG)
+    gallery.jsonl            the bulk indexer's manifest: path, caption, tags, extra.attributes
+    texts.jsonl              captions and tags for image → text search
+
+The manifest is written last, so its presence means the files are complete; a second run reuses
+them, and the indexer skips every picture it already has (size and mtime unchanged).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from demo import dataset
+from retrieval.config import Settings
+
+IMAGE_COLLECTION = "demo"
+TEXT_COLLECTION = "demo-texts"
+GALLERY_SIZE = 300
+GALLERY_SEED = 7
+
+
+@dataclass(frozen=True)
+class DemoFiles:
+    root: Path
+    manifest: Path
+    texts: Path
+    created: bool  # False when an earlier run's files were reused
+
+
+def describe(attrs: dataset.Attributes) -> str:
+    """A caption naming every attribute: "一个大的红色星形在左边，绿色条纹背景"."""
+    what = f"{dataset.COUNT_WORDS[attrs.count]}个{attrs.size}的{attrs.colour}{attrs.shape}"
+    where = f"在{attrs.position}" if attrs.position else ""
+    return f"{what}{where}，{attrs.background}{attrs.texture}背景"
+
+
+def demo_texts(gallery: list[dataset.Sample], seed: int = GALLERY_SEED) -> list[dict]:
+    """Unique captions (full descriptions, template captions) and tags of the gallery's pictures."""
+    rng = random.Random(f"demo-texts:{seed}")
+    texts: dict[str, list[str]] = {}
+    for s in gallery:
+        a = s.attributes
+        texts.setdefault(describe(a), ["描述"])
+        for template in rng.sample(dataset.usable(dataset.HELDOUT_TEMPLATES, a), 2):
+            texts.setdefault(dataset.fill(template, a, rng).text, ["句子"])
+        for tag in dataset.tag_captions(a):
+            texts.setdefault(tag.text, ["标签"])
+    return [{"text": t, "tags": tags} for t, tags in texts.items()]
+
+
+def write_demo_files(settings: Settings, n: int = GALLERY_SIZE, seed: int = GALLERY_SEED) -> DemoFiles:
+    """Draw the gallery and write both manifests under `<data_dir>/demo`, unless already there."""
+    root = settings.data_dir / "demo"
+    manifest = root / "gallery.jsonl"
+    texts = root / "texts.jsonl"
+    if manifest.is_file() and texts.is_file():
+        return DemoFiles(root, manifest, texts, created=False)
+    images = root / "images"
+    images.mkdir(parents=True, exist_ok=True)
+    gallery = dataset.demo_gallery(n, seed)
+    rows = []
+    for i, s in enumerate(gallery):
+        name = f"demo-{i:04d}.png"
+        s.image().save(images / name, format="PNG", optimize=False)
+        a = s.attributes
+        rows.append(
+            {
+                "path": f"images/{name}",
+                "caption": describe(a),
+                "tags": dataset.tags(a),
+                "extra": {"attributes": asdict(a)},
+            }
+        )
+    texts.write_text("".join(json.dumps(t, ensure_ascii=False) + "\n" for t in demo_texts(gallery, seed)), "utf-8")
+    tmp = manifest.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+    tmp.replace(manifest)
+    return DemoFiles(root, manifest, texts, created=True)
+
+
+@dataclass(frozen=True)
+class DemoIndexResult:
+    images_added: int
+    images_skipped: int
+    failures: int
+    texts_added: int
+    texts_existing: int
+
+
+async def index_demo(settings: Settings, files: DemoFiles, progress: bool = True) -> DemoIndexResult:
+    """Index the gallery with the bulk indexer (progress bar on stderr) and the texts into their collection."""
+    from indexer.catalog import open_catalog
+    from indexer.pipeline import ImageIndexer, index_texts
+    from indexer.progress import IndexProgress
+    from indexer.texts import read_texts
+    from retrieval.encoder import create_encoder
+
+    catalog = await asyncio.to_thread(open_catalog, settings)
+    encoder = create_encoder(settings)
+    try:
+        await encoder.start()
+        indexer = ImageIndexer(
+            catalog,
+            encoder,
+            IMAGE_COLLECTION,
+            batch_size=settings.index_batch_size,
+            read_threads=settings.index_read_threads,
+            inflight=max(2, settings.streams + 1),
+        )
+        if progress:
+            with IndexProgress(IMAGE_COLLECTION) as bar:
+                summary = await indexer.run(files.manifest, on_progress=bar.update)
+        else:
+            summary = await indexer.run(files.manifest)
+        texts = read_texts(files.texts)
+        added, existing = await index_texts(catalog, encoder, TEXT_COLLECTION, texts, batch_size=max(settings.buckets))
+    finally:
+        await encoder.close()
+        await asyncio.to_thread(catalog.close)
+    return DemoIndexResult(
+        images_added=summary.added + summary.changed,
+        images_skipped=summary.skipped + summary.renamed,
+        failures=len(summary.failures),
+        texts_added=added,
+        texts_existing=existing,
+    )
+
+
+def example_commands(settings: Settings, files: DemoFiles) -> list[tuple[str, str]]:
+    """(what, shell command) pairs that work against the demo server."""
+    base = f"http://{settings.host}:{settings.port}"
+    picture = files.root / "images" / "demo-0000.png"
+    query = json.dumps({"query": "红色的星星", "k": 5, "collection": IMAGE_COLLECTION}, ensure_ascii=False)
+    return [
+        ("web UI", f"open {base}/"),
+        ("text → image", f"curl -s {base}/v1/search/text -H 'Content-Type: application/json' -d '{query}'"),
+        (
+            "image → image",
+            f"curl -s {base}/v1/search/image -F file=@{picture} -F k=5 -F collection={IMAGE_COLLECTION}",
+        ),
+        (
+            "image → text",
+            f"curl -s {base}/v1/search/image -F file=@{picture} -F k=5 -F target=texts -F collection={TEXT_COLLECTION}",
+        ),
+        (
+            "zero-shot",
+            f'curl -s {base}/v1/classify -F file=@{picture} -F \'labels=["圆形","正方形","三角形","星形","心形"]\'',
+        ),
+    ]
