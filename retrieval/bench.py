@@ -10,6 +10,7 @@ drive this module.
 from __future__ import annotations
 
 import asyncio
+import functools
 import io
 import random
 import time
@@ -85,12 +86,16 @@ TABLE_HEADER = (
 
 
 def text_payloads(count: int = 512, seed: int = 0) -> list[str]:
-    """Distinct short queries of 2–6 words (no two alike, so no cache helps)."""
+    """Distinct short queries of 2–6 words, like search-box input (no two alike)."""
     rng = random.Random(seed)
-    return [" ".join(rng.choices(_WORDS, k=rng.randint(2, 6))) + f" {i}" for i in range(count)]
+    seen: dict[str, None] = {}
+    while len(seen) < count:
+        seen[" ".join(rng.choices(_WORDS, k=rng.randint(2, 6)))] = None
+    return list(seen)
 
 
-def image_payloads(count: int = 16, size: tuple[int, int] = (512, 384), seed: int = 0) -> list[bytes]:
+@functools.lru_cache(maxsize=4)
+def image_payloads(count: int = 16, size: tuple[int, int] = (512, 384), seed: int = 0) -> tuple[bytes, ...]:
     """JPEG photos with smooth content plus noise (realistic decode cost)."""
     from PIL import Image
 
@@ -102,7 +107,7 @@ def image_payloads(count: int = 16, size: tuple[int, int] = (512, 384), seed: in
         buffer = io.BytesIO()
         Image.fromarray(np.clip(base, 0, 255).astype(np.uint8)).save(buffer, "JPEG", quality=85)
         out.append(buffer.getvalue())
-    return out
+    return tuple(out)
 
 
 def percentiles(latencies: Sequence[float]) -> tuple[float, float, float]:
@@ -112,7 +117,12 @@ def percentiles(latencies: Sequence[float]) -> tuple[float, float, float]:
 
 
 async def measure(
-    encoder: LocalEncoder, tower: str, concurrency: int, duration_s: float, texts: list[str], images: list[bytes]
+    encoder: LocalEncoder,
+    tower: str,
+    concurrency: int,
+    duration_s: float,
+    texts: Sequence[str],
+    images: Sequence[bytes],
 ) -> tuple[int, float, list[float]]:
     """(items, seconds, per-request latencies) for `concurrency` closed-loop clients."""
     latencies: list[float] = []

@@ -245,3 +245,24 @@ def test_bench_encoders_command_on_the_toy_model(toy_model_dir: Path, tmp_path: 
     assert len(points) == 2 * 2 * 2  # towers × concurrencies × configs
     assert all(p["items"] > 0 and 0 < p["p50_ms"] <= p["p95_ms"] <= p["p99_ms"] for p in points)
     assert "| text | 1 | on | 4 |" in result.output
+
+
+def test_benchmark_script_smoke_run_on_the_toy_model(toy_model_dir: Path, tmp_path: Path) -> None:
+    """benchmarks/bench_encoders.py end to end, tiny: every section of the report is there."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_encoders.py"
+    spec = importlib.util.spec_from_file_location("bench_encoders", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "report.md"
+    report = module.main(
+        ["--model", str(toy_model_dir), "--repeats", "1", "--duration", "0.2", "--baseline-seconds", "0.2",
+         "--concurrency", "2", "--configs", "1:on,2:off", "--buckets", "1,4", "--tokenizer-queries", "500",
+         "--out", str(out)]
+    )  # fmt: skip
+    assert out.read_text() == report
+    assert "| ours, cold caches |" in report and "| cn_clip FullTokenizer |" in report
+    assert "| ORT fp32, batch 1, no batcher |" in report
+    assert "| text | 1 | on | 2 |" in report and "| image | 2 | off | 2 |" in report
