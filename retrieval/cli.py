@@ -55,7 +55,7 @@ def bench_encoders(
         raise typer.BadParameter("towers must be text and/or image")
     if precision not in ("auto", "fp32", "fp16", "int8"):
         raise typer.BadParameter("precision must be auto, fp32, fp16 or int8")
-    base = Settings(model_dir=model, precision=precision, buckets=_ints(buckets))  # type: ignore[arg-type]
+    base = Settings(model_dir=model, precision=precision, buckets=_ints(buckets))  # type: ignore[call-arg, arg-type]
     try:
         points = run_sweep(model, tower_list, _ints(concurrency), _configs(configs), duration, base)
     except CnclipError as exc:

@@ -60,11 +60,12 @@ class OrtSession:
     def __init__(self, path: Path, config: SessionConfig, input_name: str, output_name: str) -> None:
         import onnxruntime as ort
 
+        errors: tuple[type[BaseException], ...] = (RuntimeError, *ort_errors())
         try:
             self._session = ort.InferenceSession(
                 str(path), sess_options=config.session_options(), providers=config.providers()
             )
-        except (RuntimeError, *ort_errors()) as exc:
+        except errors as exc:
             raise ModelError(f"cannot open graph {path}: {exc}") from exc
         self.input_name = input_name
         self.output_name = output_name
