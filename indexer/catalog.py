@@ -196,7 +196,7 @@ class SqlCatalog:
     def list_collections(self) -> list[CollectionInfo]:
         with Session(self.engine) as session:
             query = select(ItemRow.collection_id, func.count()).group_by(ItemRow.collection_id)
-            counts = {collection_id: count for collection_id, count in session.execute(query).tuples()}
+            counts = {collection_id: count for collection_id, count in session.execute(query)}
             rows = session.scalars(select(CollectionRow).order_by(CollectionRow.created_at, CollectionRow.id)).all()
             return [self._info(row, counts.get(row.id, 0)) for row in rows]
 
@@ -283,7 +283,7 @@ class SqlCatalog:
                 query = select(ItemRow.sha256, ItemRow.id).where(
                     ItemRow.collection_id == coll.id, ItemRow.sha256.in_(part)
                 )
-                known.update(list(session.execute(query).tuples()))
+                known.update(list(session.execute(query)))
             replaced = {int(r) for r in (replace or []) if r is not None}
             if replaced:
                 # Superseded rows go first so that the unique (collection, sha256) never trips on them.
@@ -342,7 +342,7 @@ class SqlCatalog:
             found: list[tuple[int, int, str, str | None, str | None]] = []
             for part in _chunks(list(item_ids)):
                 query = select(ItemRow.id, ItemRow.collection_id, ItemRow.sha256, ItemRow.path, ItemRow.mime)
-                found.extend(session.execute(query.where(ItemRow.id.in_(part))).tuples())
+                found.extend(session.execute(query.where(ItemRow.id.in_(part))))
             for part in _chunks([row[0] for row in found]):
                 session.execute(delete(ItemRow).where(ItemRow.id.in_(part)))
             uploads = {(sha, mime) for _, _, sha, path, mime in found if path is None}
@@ -373,7 +373,7 @@ class SqlCatalog:
         with Session(self.engine) as session:
             for part in _chunks(list(item_ids)):
                 query = select(ItemRow, CollectionRow.name, CollectionRow.kind).join(CollectionRow)
-                for item, name, kind in session.execute(query.where(ItemRow.id.in_(part))).tuples():
+                for item, name, kind in session.execute(query.where(ItemRow.id.in_(part))):
                     found[item.id] = ItemRecord(
                         id=item.id,
                         collection=name,
@@ -418,16 +418,14 @@ class SqlCatalog:
             query = select(ItemRow.path, ItemRow.id, ItemRow.sha256, ItemRow.size, ItemRow.mtime).where(
                 ItemRow.collection_id == coll.id, ItemRow.path.is_not(None)
             )
-            return {
-                path: FileState(i, sha, size, mtime) for path, i, sha, size, mtime in session.execute(query).tuples()
-            }
+            return {path: FileState(i, sha, size, mtime) for path, i, sha, size, mtime in session.execute(query)}
 
     def content_index(self, collection: str) -> dict[str, tuple[int, str | None]]:
         """sha256 -> (item id, path) of every item of the collection (dedupe and rename detection)."""
         with Session(self.engine) as session:
             coll = self._collection_row(session, collection)
             query = select(ItemRow.sha256, ItemRow.id, ItemRow.path).where(ItemRow.collection_id == coll.id)
-            return {sha: (i, path) for sha, i, path in session.execute(query).tuples()}
+            return {sha: (i, path) for sha, i, path in session.execute(query)}
 
     def index_ids(self, collection: str) -> np.ndarray:
         """The ids in the collection's FAISS index, sorted (tests and stats compare them with SQL)."""
@@ -477,7 +475,7 @@ class SqlCatalog:
         with Session(self.engine) as session:
             for part in _chunks(ids):
                 query = select(VectorRow.item_id, VectorRow.vector).where(VectorRow.item_id.in_(part))
-                found.update(list(session.execute(query).tuples()))
+                found.update(list(session.execute(query)))
         dim = len(next(iter(found.values()))) // 4 if found else 0
         matrix = np.zeros((len(ids), dim), dtype=np.float32)
         for row, item_id in enumerate(ids):

@@ -31,17 +31,19 @@ class IndexFileError(Exception):
 
 
 class ReadWriteLock:
-    """Many concurrent searches, one mutation at a time (FAISS is not safe for add during search)."""
+    """Many concurrent searches, one mutation at a time (FAISS is not safe for add during search).
+    A waiting writer holds back new readers, so a stream of searches cannot starve it."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._readers = 0
         self._writing = False
+        self._writers_waiting = 0
 
     @contextmanager
     def read(self) -> Iterator[None]:
         with self._cond:
-            while self._writing:
+            while self._writing or self._writers_waiting:
                 self._cond.wait()
             self._readers += 1
         try:
@@ -54,8 +56,10 @@ class ReadWriteLock:
     @contextmanager
     def write(self) -> Iterator[None]:
         with self._cond:
+            self._writers_waiting += 1
             while self._writing or self._readers:
                 self._cond.wait()
+            self._writers_waiting -= 1
             self._writing = True
         try:
             yield
