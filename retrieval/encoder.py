@@ -88,9 +88,19 @@ class LocalEncoder:
         """Open and warm every session (blocking: called in a thread)."""
         s = self.settings
         plan = cpu_thread_plan(s.streams, s.threads_per_stream) if provider == "cpu" else [[]] * s.streams
-        streams: dict[str, list[Stream]] = {}
+        streams: dict[str, list[Stream]] = {tower: [] for tower in TOWERS}
+        try:
+            self._open_into(streams, provider, plan)
+        except BaseException:
+            for opened in streams.values():  # do not leak the threads of what did open
+                for stream in opened:
+                    stream.close()
+            raise
+        return streams
+
+    def _open_into(self, streams: dict[str, list[Stream]], provider: str, plan: list[list[int]]) -> None:
+        s = self.settings
         for tower in TOWERS:
-            streams[tower] = []
             for index, cores in enumerate(plan):
                 config = SessionConfig(
                     provider=provider,
@@ -105,9 +115,8 @@ class LocalEncoder:
                 )
                 stream = Stream(index, session, cores, pin=s.pin_threads and provider == "cpu")
                 # Warm up in the stream's own (pinned) thread, as it will run.
-                stream.executor.submit(stream.warm_up, self.image_size, self.context_length).result()
                 streams[tower].append(stream)
-        return streams
+                stream.executor.submit(stream.warm_up, self.image_size, self.context_length).result()
 
     async def start(self) -> None:
         """Choose provider and precision, open and warm all sessions, start the batchers."""

@@ -151,9 +151,13 @@ class Stream:
 
     def warm_up(self, image_size: int, context_length: int) -> None:
         """Run every bucket once (on CANN this compiles each static model); fails loudly if one cannot run."""
+        errors: tuple[type[BaseException], ...] = (RuntimeError, ValueError, *ort_errors())
         for bucket in self.session.buckets:
             start = time.perf_counter()
-            out = self.session.run(dummy_batch(self.session.tower, bucket, image_size, context_length))
+            try:
+                out = self.session.run(dummy_batch(self.session.tower, bucket, image_size, context_length))
+            except errors as exc:
+                raise ModelError(f"{self.session.tower} bucket {bucket} failed its warm-up run: {exc}") from exc
             if out.shape[0] != bucket:
                 raise ModelError(f"{self.session.tower} bucket {bucket} returned {out.shape[0]} rows")
             log.debug("warmed %s bucket %d in %.3fs", self.session.tower, bucket, time.perf_counter() - start)

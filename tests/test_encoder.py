@@ -266,3 +266,21 @@ def test_benchmark_script_smoke_run_on_the_toy_model(toy_model_dir: Path, tmp_pa
     assert "| ours, cold caches |" in report and "| cn_clip FullTokenizer |" in report
     assert "| ORT fp32, batch 1, no batcher |" in report
     assert "| text | 1 | on | 2 |" in report and "| image | 2 | off | 2 |" in report
+
+
+def test_a_bucket_that_cannot_run_fails_start_up(settings: Settings) -> None:
+    from retrieval.sessions import OrtSession
+
+    def factory(path, config, input_name, output_name):
+        session = OrtSession(path, config, input_name, output_name)
+        if ".b4." in path.name:
+            session.output_name = "no_such_output"  # ONNX Runtime refuses to run it
+        return session
+
+    async def main():
+        encoder = LocalEncoder(settings, session_factory=factory)
+        with pytest.raises(ModelError, match="bucket 4 failed its warm-up run"):
+            await encoder.start()
+        return encoder.ready
+
+    assert asyncio.run(main()) is False
