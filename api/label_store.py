@@ -50,7 +50,7 @@ class LabelSetStore:
             Path(tmp).unlink(missing_ok=True)
             raise
 
-    def list(self) -> dict[str, dict[str, Any]]:
+    def all_sets(self) -> dict[str, dict[str, Any]]:
         with self._lock:
             return self._load()
 

@@ -38,8 +38,9 @@ def register(app: typer.Typer) -> None:
         # a busy 2-core host: 27 ms -> 0.1 ms per search of a small collection with one thread).
         faiss.omp_set_num_threads(1)
 
+        settings = Settings()
         overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
-        settings = Settings(**overrides)
+        settings = settings.model_copy(update=overrides)
         if settings.api_key is None and not _is_loopback(settings.host):
             typer.secho(
                 f"warning: serving on {settings.host} without CNCLIP_API_KEY: anyone who can reach it can write",

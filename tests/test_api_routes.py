@@ -249,3 +249,61 @@ def test_label_sets_file_is_written_atomically(tmp_path: Path) -> None:
     assert store.put("a", ["x", "y"], ["{}"]) is False
     assert store.get("a") == {"labels": ["x", "y"], "templates": ["{}"]}
     assert [p.name for p in (tmp_path / "sets").iterdir()] == ["label_sets.json"]  # no temp files left
+
+
+class LoopGuardCatalog:
+    """Wraps the real catalog and records every method called on the event loop's thread
+    (where `asyncio.get_running_loop()` succeeds): SQL and FAISS must run in worker threads."""
+
+    def __init__(self, inner: object) -> None:
+        self._inner = inner
+        self.on_loop: list[str] = []
+        self.calls: list[str] = []
+
+    def __getattr__(self, name: str):  # type: ignore[no-untyped-def]
+        attr = getattr(self._inner, name)
+        if not callable(attr):
+            return attr
+
+        def guarded(*args, **kwargs):  # type: ignore[no-untyped-def]
+            import asyncio
+
+            self.calls.append(name)
+            try:
+                asyncio.get_running_loop()
+                self.on_loop.append(name)
+            except RuntimeError:
+                pass  # a worker thread: as it should be
+            return attr(*args, **kwargs)
+
+        return guarded
+
+
+def test_catalog_is_never_called_on_the_event_loop(settings: Settings) -> None:
+    from tests.api_helpers import open_test_catalog
+
+    real = open_test_catalog(settings)
+    guard = LoopGuardCatalog(real)
+    try:
+        with api_client(settings, catalog=guard) as c:  # type: ignore[arg-type]
+            ids = seed(c)
+            item = ids["一只黑猫"]
+            c.post("/v1/search/text", json={"query": "猫", "filters": {"tags": ["动物"]}})
+            c.post("/v1/search/image", files={"file": ("q.png", image_bytes((1, 2, 3)), "image/png")})
+            c.post(
+                "/v1/search/image",
+                files={"file": ("q.png", image_bytes((1, 2, 3)), "image/png")},
+                data={"target": "texts"},
+            )
+            for path in ("", "/image", "/thumbnail", "/similar"):
+                assert c.get(f"/v1/items/{item}{path}").status_code == 200
+            c.get("/v1/collections")
+            c.get("/v1/collections/photos")
+            c.get("/metrics")
+            c.delete(f"/v1/items/{item}")
+    finally:
+        real.close()
+    assert {"search", "get_many", "add_images", "add_texts", "get", "media_path", "vector", "delete"} <= set(
+        guard.calls
+    )
+    assert guard.on_loop == []

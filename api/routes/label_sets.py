@@ -18,7 +18,7 @@ SetName = Annotated[str, Path(pattern=NAME_PATTERN, description="Letters, digits
 @router.get("", response_model=list[NamedLabelSet], dependencies=[ReadAccess])
 async def list_label_sets(store: LabelSetsDep) -> list[NamedLabelSet]:
     """Every saved set, by name."""
-    data = await run_blocking(store.list)
+    data = await run_blocking(store.all_sets)
     return [NamedLabelSet(name=name, **value) for name, value in sorted(data.items())]
 
 
