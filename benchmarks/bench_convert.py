@@ -46,6 +46,9 @@ def session_runner(
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.log_severity_level = 3
+    # Idle ORT threads spin by default; with many sessions on a shared 2-core box that steals the
+    # CPU from whichever engine is being timed, so every session here sleeps when idle.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if options_hook:
         options_hook(options)
     session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
@@ -85,14 +88,14 @@ def fused_int8(fp32_graph: Path, tower: str, config: dict, out: Path) -> Path:
         else config["vision_width"] // config.get("vision_head_width", 64)
     )
     hidden = config["text_hidden_size"] if tower == "text" else config["vision_width"]
-    raw_path = out / f"{tower}.raw.onnx"
+    raw_path = out / f"{tower}.{fp32_graph.stem}.raw.onnx"
     onnx.save_model(raw, str(raw_path))
     optimized = optimize_model(
         str(raw_path), model_type="bert" if tower == "text" else "vit", num_heads=heads, hidden_size=hidden
     )
     print(f"  fusion {tower}: {optimized.get_fused_operator_statistics()}")
     quantized = to_int8(optimized.model)
-    path = out / f"{tower}.fused-int8.onnx"
+    path = out / f"{tower}.{fp32_graph.stem}.fused-int8.onnx"
     onnx.save_model(append_l2_normalize(quantized, RAW_OUTPUT_NAMES[tower], f"{tower}_features"), str(path))
     return path
 
@@ -114,11 +117,44 @@ def strip_normalisation(model: onnx.ModelProto, tower: str) -> onnx.ModelProto:
     return model
 
 
+def static_int8(fp32_graph: Path, tower: str, out: Path, calibration: np.ndarray, batch: int) -> Path:
+    """Static QDQ int8 (activations too), calibrated with MinMax on sample inputs of the graph's batch."""
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    raw_path = out / f"{tower}.b{batch}.raw-static.onnx"
+    onnx.save_model(strip_normalisation(onnx.load(str(fp32_graph)), tower), str(raw_path))
+    name = "image" if tower == "image" else "text"
+    feeds = [{name: calibration[i : i + batch]} for i in range(0, len(calibration) - batch + 1, batch)]
+
+    class Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.items = iter(feeds)
+
+        def get_next(self) -> dict | None:
+            return next(self.items, None)
+
+    quantized_path = out / f"{tower}.b{batch}.static-q.onnx"
+    quantize_static(
+        str(raw_path),
+        str(quantized_path),
+        Reader(),
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+        op_types_to_quantize=["MatMul", "Conv"],
+    )
+    path = out / f"{tower}.b{batch}.static-int8.onnx"
+    quantized = onnx.load(str(quantized_path))
+    onnx.save_model(append_l2_normalize(quantized, RAW_OUTPUT_NAMES[tower], f"{tower}_features"), str(path))
+    return path
+
+
 def variant_graph(fp32_graph: Path, tower: str, out: Path, **int8_options: bool) -> Path:
     raw = strip_normalisation(onnx.load(str(fp32_graph)), tower)
     quantized = to_int8(raw, **int8_options)
     suffix = "-".join(k for k, v in int8_options.items() if v is not None)
-    path = out / f"{tower}.int8-{suffix}.onnx"
+    path = out / f"{tower}.{fp32_graph.stem}.int8-{suffix}.onnx"
     onnx.save_model(append_l2_normalize(quantized, RAW_OUTPUT_NAMES[tower], f"{tower}_features"), str(path))
     return path
 
@@ -163,6 +199,10 @@ def main() -> None:
                     variant_graph(fp32, tower, workdir, per_channel=False), args.threads
                 )
                 engines["fused+int8"] = session_runner(fused_int8(fp32, tower, config, workdir), args.threads)
+                calibration = inputs[tower][8:] if tower == "image" else inputs[tower]
+                engines["static-qdq-int8"] = session_runner(
+                    static_int8(fp32, tower, workdir, calibration, b), args.threads
+                )
             engines_by_key[tower, b] = engines
 
     for (tower, b), engines in engines_by_key.items():

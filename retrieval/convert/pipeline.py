@@ -98,7 +98,7 @@ def check_parity(
     first_bucket: dict[str, dict[str, np.ndarray]] = {}
     results = []
     for tower in TOWERS:
-        for precision, files in graphs[tower].items():
+        for precision, files in sorted(graphs[tower].items(), key=lambda kv: PRECISIONS.index(kv[0])):
             progress(f"parity {tower} {precision}")
             per_bucket = {b: parity.onnx_features(out / f, inputs[tower], b) for b, f in sorted(files.items())}
             first_bucket.setdefault(precision, {})[tower] = per_bucket[min(per_bucket)]
