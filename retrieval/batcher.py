@@ -254,9 +254,19 @@ class DynamicBatcher:
                 error.__cause__ = exc
                 self._fail_pieces(batch, error)
             return
+        else:
+            # Hand results back before the stream is free again: callers waiting in a closed loop
+            # can resubmit and join the next batch instead of trailing one behind.
+            scatter_start = time.perf_counter()
+            self._scatter(batch, vectors)
+            post_s += time.perf_counter() - scatter_start
         finally:
             self.pool.release(stream)
-        scatter_start = time.perf_counter()
+        timings["post"] = post_s
+        self._report(batch, timings)
+
+    @staticmethod
+    def _scatter(batch: _Batch, vectors: np.ndarray) -> None:
         offset = 0
         for request, a, b in batch.pieces:
             if not request.future.done():
@@ -267,8 +277,6 @@ class DynamicBatcher:
                 if request.done_rows == len(request.inputs):
                     request.future.set_result(request.out)
             offset += b - a
-        timings["post"] = post_s + time.perf_counter() - scatter_start
-        self._report(batch, timings)
 
     def _report(self, batch: _Batch, timings: dict[str, float]) -> None:
         if self.observer is None:
