@@ -181,3 +181,15 @@ def test_released_architectures_match_cnclip_configs() -> None:
         if isinstance(merged["vision_layers"], str):
             merged["vision_layers"] = json.loads(merged["vision_layers"])
         assert architecture_config(arch) == merged, arch
+
+
+def test_checkpoint_may_carry_its_config(tmp_path: Path) -> None:
+    """The demo trainer saves {"state_dict", "config"}, so a checkpoint alone rebuilds its model."""
+    model = CLIP.from_config(TINY_VIT)
+    torch.save({"state_dict": model.state_dict(), "config": TINY_VIT}, tmp_path / "demo.pt")
+    config, state = load_checkpoint(tmp_path / "demo.pt")
+    assert config == TINY_VIT
+    rebuilt = build_model(config, state)
+    _, text = sample_inputs(TINY_VIT, batch=2)
+    with torch.no_grad():
+        torch.testing.assert_close(rebuilt.encode_text(text), model.encode_text(text))
