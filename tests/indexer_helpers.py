@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import io
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
+from sqlalchemy import Engine
+from sqlalchemy.exc import DBAPIError
 
 from indexer.catalog import SqlCatalog, open_catalog
 from retrieval.config import Settings
@@ -38,3 +43,59 @@ def open_test_catalog(data_dir: Path, database_url: str, **overrides: object) ->
 def random_unit(n: int, dim: int, seed: int = 0) -> np.ndarray:
     vectors = np.random.default_rng(seed).standard_normal((n, dim)).astype(np.float32)
     return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
+def cli_env(data_dir: Path, database_url: str, model_dir: Path, **extra: str) -> dict[str, str]:
+    """Environment for a `cnclip` subprocess on this database and the toy model."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CNCLIP_")}
+    env.update(
+        CNCLIP_DATA_DIR=str(data_dir),
+        CNCLIP_DATABASE_URL=database_url,
+        CNCLIP_MODEL_DIR=str(model_dir),
+        CNCLIP_PROVIDER="cpu",
+        **extra,
+    )
+    return env
+
+
+def start_cli(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", "from api.cli import main; main()", *args],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def committed_items(engine: Engine) -> int:
+    """Rows committed so far (0 while the schema does not exist yet)."""
+    try:
+        with engine.connect() as connection:
+            return int(connection.exec_driver_sql("SELECT count(*) FROM items").scalar() or 0)
+    except DBAPIError:
+        return 0
+
+
+def wait_for_items(engine: Engine, process: subprocess.Popen[str], at_least: int, timeout: float = 60.0) -> bool:
+    """Poll until `at_least` rows are committed (True) or the process ended first (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if committed_items(engine) >= at_least:
+            return True
+        if process.poll() is not None:
+            return False
+        time.sleep(0.01)
+    raise TimeoutError(f"fewer than {at_least} items committed after {timeout} s")
+
+
+def write_images(folder: Path, count: int, size: tuple[int, int] = (16, 16)) -> list[Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    written = []
+    for i in range(count):
+        path = folder / f"{i:04d}.jpg"
+        path.write_bytes(jpeg(i, size))
+        written.append(path)
+    return written
