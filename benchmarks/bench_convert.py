@@ -29,7 +29,7 @@ import onnxruntime as ort
 import torch
 import torch.nn.functional as F
 
-from retrieval.convert.checkpoint import build_model
+from retrieval.convert.checkpoint import build_model, vary_constant_parameters
 from retrieval.convert.export import RAW_OUTPUT_NAMES, tower_module
 from retrieval.convert.model import CLIP
 from retrieval.convert.parity import cosines, sample_images, sample_texts, topk_overlap
@@ -77,11 +77,38 @@ def items_per_second(run: Runner, x: np.ndarray, seconds: float) -> float:
             return count * len(x) / elapsed
 
 
+def split_unsqueezes(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Unsqueeze(axes=[1, 2]) → two single-axis Unsqueezes: the mask pattern ORT's BERT attention fusion expects."""
+    from onnx import helper, numpy_helper
+
+    graph = model.graph
+    constants = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
+    constants.update(
+        {n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in graph.node if n.op_type == "Constant"}
+    )
+    nodes = []
+    for node in graph.node:
+        axes = constants.get(node.input[1]) if node.op_type == "Unsqueeze" and len(node.input) == 2 else None
+        if axes is None or axes.size != 2:
+            nodes.append(node)
+            continue
+        first, second = (
+            numpy_helper.from_array(np.array([a], dtype=np.int64), f"{node.name}_axis{i}") for i, a in enumerate(axes)
+        )
+        graph.initializer.extend([first, second])
+        middle = f"{node.output[0]}_first"
+        nodes.append(helper.make_node("Unsqueeze", [node.input[0], first.name], [middle]))
+        nodes.append(helper.make_node("Unsqueeze", [middle, second.name], [node.output[0]]))
+    del graph.node[:]
+    graph.node.extend(nodes)
+    return model
+
+
 def fused_int8(fp32_graph: Path, tower: str, config: dict, out: Path) -> Path:
     """ORT's transformer optimizer (Attention/LayerNorm/GELU fusion) on the raw graph, then dynamic int8."""
     from onnxruntime.transformers.optimizer import optimize_model
 
-    raw = strip_normalisation(onnx.load(str(fp32_graph)), tower)
+    raw = split_unsqueezes(strip_normalisation(onnx.load(str(fp32_graph)), tower))
     heads = (
         config["text_num_attention_heads"]
         if tower == "text"
@@ -175,7 +202,7 @@ def main() -> None:
     manifest = ModelManifest.load(args.model_dir, verify=False)
     config = manifest.extra["config"]
     torch.manual_seed(args.seed)
-    model = build_model(config)
+    model = vary_constant_parameters(build_model(config))  # as `cnclip convert --random-init` does
     batches = [int(b) for b in args.batches.split(",")]
     images = sample_images(48, manifest.image_size, seed=11)
     texts = sample_texts()

@@ -56,6 +56,23 @@ def load_checkpoint(path: Path) -> tuple[dict[str, Any] | None, StateDict]:
     return config, clean_state_dict(state)
 
 
+def vary_constant_parameters(model: CLIP, std: float = 0.02) -> CLIP:
+    """Add noise to parameters whose values are all equal (zero biases, unit LayerNorm weights).
+
+    A randomly initialised model has those where a trained one never does, and the simplifier
+    folds them away (a zero bias Add disappears, equal LayerNorm weights are shared), so the graph
+    would not have a real checkpoint's structure. `--random-init` uses this so that benchmarks time
+    the same graph a released checkpoint gives.
+    """
+    generator = torch.Generator().manual_seed(1234)
+    with torch.no_grad():
+        for param in model.parameters():
+            flat = param.reshape(-1)
+            if flat.numel() > 1 and bool((flat == flat[0]).all()):
+                param.add_(torch.randn(param.shape, generator=generator) * std)
+    return model
+
+
 def build_model(config: dict[str, Any], state_dict: StateDict | None = None) -> CLIP:
     """The CLIP architecture of `config`, with `state_dict` loaded strictly (random weights when None)."""
     try:

@@ -101,7 +101,7 @@ def _convert_checkpoint(
 ):  # type: ignore[no-untyped-def]
     import torch
 
-    from retrieval.convert.checkpoint import build_model, load_checkpoint
+    from retrieval.convert.checkpoint import build_model, load_checkpoint, vary_constant_parameters
     from retrieval.convert.model import architecture_config
     from retrieval.convert.pipeline import convert_model
 
@@ -128,6 +128,8 @@ def _convert_checkpoint(
         raise InvalidInput(f"give --arch ({', '.join(ARCH_NAMES)}) or --config FILE.json")
     torch.manual_seed(seed)
     model = build_model(config, state)
+    if random_init:
+        vary_constant_parameters(model)
     source = {"checkpoint": checkpoint.name if checkpoint else None, "random_init": random_init}
     with console.status("converting") as status:
         return convert_model(

@@ -136,7 +136,13 @@ class MultiheadSelfAttention(nn.Module):
         nn.init.xavier_uniform_(self.in_proj_weight)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        q, k, v = F.linear(x, self.in_proj_weight, self.in_proj_bias).chunk(3, dim=-1)
+        # Three projections from slices of the packed weight: the slices fold into three constant
+        # weights at export, and ORT's attention fusion recognises separate q/k/v MatMuls.
+        w, b = self.in_proj_weight, self.in_proj_bias
+        d = w.shape[1]
+        q = F.linear(x, w[:d], b[:d])
+        k = F.linear(x, w[d : 2 * d], b[d : 2 * d])
+        v = F.linear(x, w[2 * d :], b[2 * d :])
         return self.out_proj(_attend(q, k, v, self.heads, None))
 
 
@@ -399,8 +405,9 @@ class BertModel(nn.Module):
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         """Last hidden states [b, n, hidden]; padding (id 0) is masked with cn_clip's -10000 bias."""
-        keep = ids.ne(PAD_ID).to(self.embeddings.word_embeddings.weight.dtype)
-        mask_bias = ((1.0 - keep) * -10000.0)[:, None, None, :]
+        # Same order as cn_clip (unsqueeze, cast, 1 - m, × -10000): ORT's attention fusion knows this pattern.
+        keep = ids.ne(PAD_ID)[:, None, None, :].to(self.embeddings.word_embeddings.weight.dtype)
+        mask_bias = (1.0 - keep) * -10000.0
         x = self.embeddings(ids)
         for layer in self.encoder.layer:
             x = layer(x, mask_bias)

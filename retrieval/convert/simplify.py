@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 # Ops that must never survive simplification of a static graph (the seed's per-layer constant Mod).
 FORBIDDEN_OPS = ("Mod",)
-SKIPPED_ONNXSIM_PASSES = ["fuse_matmul_add_bias_into_gemm"]
+SKIPPED_ONNXSIM_PASSES = ["fuse_matmul_add_bias_into_gemm", "fuse_matmul_add_bias_into_gemm_batched"]
 
 
 def op_counts(model: onnx.ModelProto) -> dict[str, int]:
