@@ -193,3 +193,14 @@ def test_checkpoint_may_carry_its_config(tmp_path: Path) -> None:
     _, text = sample_inputs(TINY_VIT, batch=2)
     with torch.no_grad():
         torch.testing.assert_close(rebuilt.encode_text(text), model.encode_text(text))
+
+
+def test_random_init_has_no_constant_parameters() -> None:
+    """Zero biases / unit LayerNorm weights would be folded away, unlike in a trained checkpoint's graph."""
+    from retrieval.convert.checkpoint import vary_constant_parameters
+
+    model = CLIP.from_config(TINY_VIT)
+    constant = [n for n, p in model.named_parameters() if p.numel() > 1 and bool((p == p.reshape(-1)[0]).all())]
+    assert "bert.encoder.layer.0.attention.self.query.bias" in constant
+    vary_constant_parameters(model)
+    assert not [n for n, p in model.named_parameters() if p.numel() > 1 and bool((p == p.reshape(-1)[0]).all())]
