@@ -118,6 +118,8 @@ class TritonEncoder:
 
     async def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
         """Tokenise here, embed remotely."""
+        if isinstance(texts, str):
+            raise InvalidInput("embed_texts takes a list of strings, not one string")
         from retrieval.tokenizer import tokenize  # imported late: loading the vocabulary takes a moment
 
         return await self.embed_token_ids(tokenize(list(texts), context_length=self.context_length))
