@@ -123,6 +123,7 @@ async def measure(
     duration_s: float,
     texts: Sequence[str],
     images: Sequence[bytes],
+    min_requests: int = 2,
 ) -> tuple[int, float, list[float]]:
     """(items, seconds, per-request latencies) for `concurrency` closed-loop clients."""
     latencies: list[float] = []
@@ -132,7 +133,8 @@ async def measure(
     async def client(offset: int) -> None:
         nonlocal counter
         i = offset
-        while time.perf_counter() < deadline:
+        # Every client completes at least `min_requests`, so slow models still give real percentiles.
+        while time.perf_counter() < deadline or i < offset + min_requests * concurrency:
             start = time.perf_counter()
             if tower == "text":
                 await encoder.embed_texts([texts[i % len(texts)]])
@@ -161,7 +163,7 @@ async def sweep_config(
     points = []
     try:
         for tower in towers:
-            await measure(encoder, tower, 1, min(1.0, duration_s), texts, images)  # settle caches/threads
+            await measure(encoder, tower, 1, 0.0, texts, images, min_requests=2)  # settle caches/threads
             for concurrency in concurrencies:
                 items, seconds, latencies = await measure(encoder, tower, concurrency, duration_s, texts, images)
                 p50, p95, p99 = percentiles(latencies)
