@@ -78,13 +78,16 @@ class SearchTuning:
     exact_filter_max: int = 4096  # filters matching at most this many items are searched exactly
 
 
+def _nlist(factory: str) -> int:
+    match = re.search(r"IVF(\d+)", factory)
+    return int(match.group(1)) if match else 0
+
+
 def training_threshold(factory: str, tuning: SearchTuning) -> int:
     """Vectors a collection needs before `factory` replaces Flat (IVF wants ~39 points per list)."""
     if factory == "Flat":
         return 0
-    match = re.search(r"IVF(\d+)", factory)
-    nlist = int(match.group(1)) if match else 0
-    return max(tuning.train_min, 39 * nlist)
+    return max(tuning.train_min, 39 * _nlist(factory))
 
 
 def id_checksum(ids: np.ndarray) -> int:
@@ -155,7 +158,8 @@ class VectorIndex:
         if fresh.wants_training(len(ids)):
             inner = faiss.index_factory(self.dim, self.factory, faiss.METRIC_INNER_PRODUCT)
             if not inner.is_trained:
-                sample_size = min(len(ids), max(100_000, 64 * training_threshold(self.factory, self.tuning) // 39))
+                # 64 points per IVF list (faiss wants ≥ 39), at least 50k for PQ codebooks.
+                sample_size = min(len(ids), max(50_000, 64 * _nlist(self.factory)))
                 rng = np.random.default_rng(0)
                 sample = np.sort(rng.choice(ids, size=sample_size, replace=False))
                 inner.train(np.ascontiguousarray(fetch(sample), dtype=np.float32))
