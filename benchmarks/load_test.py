@@ -6,6 +6,9 @@
     # or let the script start `cnclip serve` itself (settings from the CNCLIP_* environment)
     python benchmarks/load_test.py mixed --serve
 
+    # FAISS search alone at 100k and 1M vectors, one thread vs FAISS's default threads
+    python benchmarks/load_test.py faiss --sizes 100000,1000000 --factory IVF1024,Flat --nprobe 16
+
     # text -> image only, concurrency 8, against a big collection made with `prefill`
     python benchmarks/load_test.py prefill --collection big --items 100000   # server stopped
     python benchmarks/load_test.py text --serve --collection big --concurrency 8 --duration 30
@@ -258,7 +261,7 @@ def prefill(collection: str, items: int, batch: int = 5000) -> None:
 
     settings = Settings()
     manifest = ModelManifest.load(settings.model_dir)
-    model_id, dim = manifest.model_id, manifest.embed_dim
+    model_id, dim = manifest.name, manifest.embed_dim  # the encoder reports manifest.name as model_id
     settings.data_dir.mkdir(parents=True, exist_ok=True)
     photo = settings.data_dir / "prefill.jpg"
     photo.write_bytes(random_jpeg(random.Random(1), 224))
@@ -292,21 +295,61 @@ def prefill(collection: str, items: int, batch: int = 5000) -> None:
         catalog.close()
 
 
+def faiss_search(sizes: list[int], dim: int, factory: str, nprobe: int, queries: int = 200) -> None:
+    """Single-query FAISS search time (the `search` stage without SQL) at several collection sizes,
+    with one OpenMP thread (what `cnclip serve` uses) beside FAISS's default, in the same run."""
+    import faiss
+
+    rng = np.random.default_rng(0)
+    default_threads = faiss.omp_get_max_threads()
+    for n in sizes:
+        base = rng.standard_normal((n, dim), dtype=np.float32)
+        base /= np.linalg.norm(base, axis=1, keepdims=True)
+        index = faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
+        started = time.perf_counter()
+        if not index.is_trained:
+            index.train(base[rng.choice(n, min(n, 64 * 1024), replace=False)])
+        index.add(base)
+        build_s = time.perf_counter() - started
+        if hasattr(index, "nprobe"):
+            index.nprobe = nprobe
+        qs = rng.standard_normal((queries, dim), dtype=np.float32)
+        qs /= np.linalg.norm(qs, axis=1, keepdims=True)
+        line = [f"{factory} n={n:,} dim={dim} (built in {build_s:.0f} s)"]
+        for threads in (1, default_threads):
+            faiss.omp_set_num_threads(threads)
+            times = []
+            for q in qs:
+                t = time.perf_counter()
+                index.search(q.reshape(1, -1), 80)
+                times.append((time.perf_counter() - t) * 1000.0)
+            line.append(f"{threads} thread(s): p50 {percentile(times, 50):.2f} ms, p99 {percentile(times, 99):.2f} ms")
+        print(" | ".join(line), flush=True)
+        del base, index
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("mode", choices=["mixed", "text", "prefill"])
+    parser.add_argument("mode", choices=["mixed", "text", "prefill", "faiss"])
     parser.add_argument("--url", help="A running server; default with --serve: start one.")
     parser.add_argument("--serve", action="store_true", help="Start `cnclip serve` on a free port for the run.")
     parser.add_argument("--concurrency", type=int)
     parser.add_argument("--duration", type=float, default=60.0)
     parser.add_argument("--collection", default="load")
     parser.add_argument("--items", type=int, default=100_000, help="prefill: rows to add.")
+    parser.add_argument("--sizes", default="100000,1000000", help="faiss: collection sizes.")
+    parser.add_argument("--dim", type=int, default=512, help="faiss: vector dimension (ViT-B-16: 512).")
+    parser.add_argument("--factory", default="IVF1024,Flat", help="faiss: index factory string.")
+    parser.add_argument("--nprobe", type=int, default=16, help="faiss: IVF lists visited.")
     parser.add_argument("--api-key", help="Sent as X-API-Key (writes need it when the server has one).")
     parser.add_argument("--out", type=Path, help="JSON results (default benchmarks/out/load_<mode>.json).")
     args = parser.parse_args()
     OUT_DIR.mkdir(exist_ok=True)
     if args.mode == "prefill":
         prefill(args.collection, args.items)
+        return
+    if args.mode == "faiss":
+        faiss_search([int(n) for n in args.sizes.split(",")], args.dim, args.factory, args.nprobe)
         return
     if not args.url and not args.serve:
         parser.error("give --url of a running server, or --serve")
