@@ -87,7 +87,7 @@ def create_app(settings: Settings, encoder: Encoder | None = None, catalog: Cata
 
     app.mount("/static", StaticFiles(directory=WEB_DIR), name="static")
 
-    # Outermost first: time everything, then cap the body before any route reads it.
+    # The last added runs outermost: metrics time every request, including bodies the cap refuses.
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_image_bytes + FORM_OVERHEAD)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     return app
