@@ -23,6 +23,8 @@ from retrieval.fake import FakeEncoder
 from tests.api_helpers import GALLERY, image_bytes, open_test_catalog
 
 pytestmark = pytest.mark.browser
+# The CI machine is small and shared: give each UI expectation more than Playwright's default 5 s.
+expect.set_options(timeout=20_000)
 
 ARTIFACTS = Path(__file__).resolve().parent / "artifacts"
 CHROMIUM = "/usr/bin/chromium"
