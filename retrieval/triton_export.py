@@ -3,11 +3,12 @@
     REPO/
       cnclip_text/         1/model.onnx + config.pbtxt   INT64 [-1, 52]        → text_features  FP32 [-1, d]
       cnclip_image/        1/model.onnx + config.pbtxt   FP32  [-1, 3, R, R]   → image_features FP32 [-1, d]
-      preprocess/          1/model.py   + config.pbtxt   BYTES [-1] JPEG/PNG   → image FP32 [-1, 3, R, R]
+      preprocess/          1/model.py   + config.pbtxt   BYTES [-1, 1] JPEG/PNG → image FP32 [-1, 3, R, R]
       cnclip_image_bytes/  1/           + config.pbtxt   ensemble: preprocess → cnclip_image
 
-The model names, tensor names and shapes are the ones our own `/v2` endpoint serves, so the
-remote encoder (`CNCLIP_ENCODER=triton://…`) works against either.
+The model and tensor names are the ones our own `/v2` endpoint serves, so the remote encoder
+(`CNCLIP_ENCODER=triton://…`) works against either (Triton's batching ensemble takes files as
+`[n, 1]`, ours as `[n]`; the encoder reads the shape from the metadata).
 
 Backends:
 - `onnxruntime`: one batch-dynamic graph per tower (the bucket graphs with their batch dimension
@@ -319,14 +320,25 @@ def _tower_config(
     return config
 
 
-def _preprocess_config(manifest: ModelManifest, options: ExportOptions) -> dict[str, Any]:
+def _batching(options: ExportOptions) -> bool:
+    """Whether the image pipeline batches in Triton: yes for onnxruntime; a static npu_ge graph cannot."""
+    return options.backend == "onnxruntime"
+
+
+def _preprocess_config(manifest: ModelManifest, options: ExportOptions, batch: int) -> dict[str, Any]:
     size = manifest.image_size
+    # Every model of the ensemble batches, or none does: Triton mishandles an ensemble output when a
+    # non-batching ensemble ends in a batching model (triton-inference-server/server#7189).
+    if _batching(options):
+        shapes = {"max_batch_size": batch, "in": [1], "out": [3, size, size]}
+    else:
+        shapes = {"max_batch_size": 0, "in": [-1], "out": [-1, 3, size, size]}
     return {
         "name": PREPROCESS_MODEL,
         "backend": "python",
-        "max_batch_size": 0,
-        "input": [{"name": "image_bytes", "data_type": Symbol("TYPE_STRING"), "dims": [-1]}],
-        "output": [{"name": "image", "data_type": Symbol("TYPE_FP32"), "dims": [-1, 3, size, size]}],
+        "max_batch_size": shapes["max_batch_size"],
+        "input": [{"name": "image_bytes", "data_type": Symbol("TYPE_STRING"), "dims": shapes["in"]}],
+        "output": [{"name": "image", "data_type": Symbol("TYPE_FP32"), "dims": shapes["out"]}],
         "instance_group": [{"count": max(2, options.instances), "kind": Symbol("KIND_CPU")}],
         "parameters": _parameters(
             {
@@ -342,13 +354,16 @@ def _preprocess_config(manifest: ModelManifest, options: ExportOptions) -> dict[
 
 
 def _ensemble_config(manifest: ModelManifest, options: ExportOptions, batch: int) -> dict[str, Any]:
-    items = batch if options.backend == "npu_ge" else -1  # a static image graph takes exactly `batch` images
+    if _batching(options):  # clients send [n, 1] files and get [n, d]
+        max_batch, in_dims, out_dims = batch, [1], [manifest.embed_dim]
+    else:  # a static image graph takes exactly `batch` images
+        max_batch, in_dims, out_dims = 0, [batch], [batch, manifest.embed_dim]
     return {
         "name": ENSEMBLE_MODEL,
         "platform": "ensemble",
-        "max_batch_size": 0,
-        "input": [{"name": "image_bytes", "data_type": Symbol("TYPE_STRING"), "dims": [items]}],
-        "output": [{"name": "image_features", "data_type": Symbol("TYPE_FP32"), "dims": [items, manifest.embed_dim]}],
+        "max_batch_size": max_batch,
+        "input": [{"name": "image_bytes", "data_type": Symbol("TYPE_STRING"), "dims": in_dims}],
+        "output": [{"name": "image_features", "data_type": Symbol("TYPE_FP32"), "dims": out_dims}],
         "ensemble_scheduling": {
             "step": [
                 {
@@ -452,7 +467,7 @@ def _write_models(
     (staging / PREPROCESS_MODEL / "1").mkdir(parents=True)
     shutil.copyfile(PREPROCESS_SOURCE, staging / PREPROCESS_MODEL / "1" / "model.py")
     (staging / PREPROCESS_MODEL / "config.pbtxt").write_text(
-        render_pbtxt(_preprocess_config(manifest, options)), encoding="utf-8"
+        render_pbtxt(_preprocess_config(manifest, options, batch_of_image)), encoding="utf-8"
     )
     (staging / ENSEMBLE_MODEL / "1").mkdir(parents=True)  # Triton wants a version folder, even an empty one
     (staging / ENSEMBLE_MODEL / "config.pbtxt").write_text(

@@ -238,10 +238,11 @@ def test_create_encoder_picks_triton_for_a_triton_url(remote_settings: Settings)
 
 
 def test_a_static_remote_model_gets_padded_batches(remote_settings: Settings) -> None:
-    """An npu_ge export serves fixed shapes ([8, 52]); requests are padded to 8 and the padding dropped."""
+    """A static export serves fixed shapes ([8, 52], files as [8, 1]); requests are padded to 8 and the
+    padding dropped."""
 
     def static_metadata(app: FastAPI) -> None:
-        shapes = {"cnclip_text": ("text", "INT64", [8, 52]), "cnclip_image_bytes": ("image_bytes", "BYTES", [8])}
+        shapes = {"cnclip_text": ("text", "INT64", [8, 52]), "cnclip_image_bytes": ("image_bytes", "BYTES", [8, 1])}
         for model, (name, datatype, shape) in shapes.items():
             out = "text_features" if model == "cnclip_text" else "image_features"
 

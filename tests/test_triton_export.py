@@ -90,12 +90,13 @@ def test_onnxruntime_configs_parse_as_model_config(repo: Path) -> None:
         assert tower.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_AUTO
         assert not tower.parameters
 
+    # The image pipeline batches end to end: preprocess, image model and ensemble share max_batch_size.
     pre = configs["preprocess"]
-    assert (pre.backend, pre.max_batch_size) == ("python", 0)
+    assert (pre.backend, pre.max_batch_size) == ("python", 16)
     assert [(i.name, i.data_type, list(i.dims)) for i in pre.input] == [
-        ("image_bytes", model_config_pb2.TYPE_STRING, [-1])
+        ("image_bytes", model_config_pb2.TYPE_STRING, [1])
     ]
-    assert list(pre.output[0].dims) == [-1, 3, 224, 224]
+    assert list(pre.output[0].dims) == [3, 224, 224]
     assert pre.parameters["interpolation"].string_value == "bicubic"
     assert json.loads(pre.parameters["mean"].string_value) == [0.48145466, 0.4578275, 0.40821073]
 
@@ -107,7 +108,8 @@ def test_onnxruntime_configs_parse_as_model_config(repo: Path) -> None:
     assert dict(steps[0].input_map) == {"image_bytes": ensemble.input[0].name}
     assert dict(steps[1].input_map) == {"image": steps[0].output_map["image"]}
     assert dict(steps[1].output_map) == {"image_features": ensemble.output[0].name}
-    assert list(ensemble.output[0].dims) == [-1, 32]
+    assert ensemble.max_batch_size == 16
+    assert list(ensemble.input[0].dims) == [1] and list(ensemble.output[0].dims) == [32]
     for name in MODELS:
         assert (repo / name / "1").is_dir()
 
@@ -126,7 +128,10 @@ def test_npu_ge_config_is_static_with_core_locking(ge_repo: Path) -> None:
         }
         assert config.instance_group[0].count == 4
     ensemble = parse_config(ge_repo / "cnclip_image_bytes" / "config.pbtxt")
+    assert ensemble.max_batch_size == 0  # nothing in a static pipeline batches
     assert list(ensemble.input[0].dims) == [8] and list(ensemble.output[0].dims) == [8, 32]
+    preprocess = parse_config(ge_repo / "preprocess" / "config.pbtxt")
+    assert preprocess.max_batch_size == 0 and list(preprocess.input[0].dims) == [-1]
     # The static graph is the bucket graph itself: exactly 8 rows, nothing else.
     image = session(ge_repo / "cnclip_image" / "1" / "model.onnx")
     assert image.get_inputs()[0].shape == [8, 3, 224, 224]
@@ -196,7 +201,8 @@ def test_preprocess_model_equals_ours_and_feeds_the_image_model(
     )
     model.initialize({"model_config": json.dumps(config)})
     files = _modes()
-    (response,) = model.execute([{"image_bytes": pb.Tensor("image_bytes", np.array(files, dtype=np.object_))}])
+    batch = np.array(files, dtype=np.object_).reshape(-1, 1)  # [n, 1], as Triton batches dims [1]
+    (response,) = model.execute([{"image_bytes": pb.Tensor("image_bytes", batch)}])
     assert response.error is None
     pixels = response.output_tensors[0].as_numpy()
     ours = np.stack([preprocess_image(f) for f in files])
