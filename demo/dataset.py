@@ -54,8 +54,17 @@ TEXTURES = ("纯色", "条纹", "格子", "圆点")
 POSITIONS = {"左边": (0.27, 0.5), "右边": (0.73, 0.5), "上面": (0.5, 0.27), "下面": (0.5, 0.73), "中间": (0.5, 0.5)}
 SIZES = ("大", "小")
 COUNT_WORDS = {1: "一", 2: "两", 3: "三"}
-# Attribute keys a caption can name.
+# Attribute keys a caption can name, and every value each can take.
 KEYS = ("shape", "colour", "count", "size", "position", "background", "texture")
+VALUES: dict[str, tuple[object, ...]] = {
+    "shape": tuple(SHAPES),
+    "colour": tuple(COLOURS),
+    "count": (1, 2, 3),
+    "size": SIZES,
+    "position": (*POSITIONS, None),
+    "background": tuple(BACKGROUNDS),
+    "texture": TEXTURES,
+}
 
 
 @dataclass(frozen=True)

@@ -43,17 +43,22 @@ def describe(attrs: dataset.Attributes) -> str:
 
 
 def demo_texts(gallery: list[dataset.Sample], seed: int = GALLERY_SEED) -> list[dict]:
-    """Unique captions (full descriptions, template captions) and tags of the gallery's pictures."""
+    """Unique captions (full descriptions, held-out-template sentences) and tags of the gallery's
+    pictures, as `index-texts` JSONL rows; `extra.named` holds the attributes each text names."""
     rng = random.Random(f"demo-texts:{seed}")
-    texts: dict[str, list[str]] = {}
+    texts: dict[str, dict] = {}
+
+    def add(caption: dataset.Caption, kind: str) -> None:
+        texts.setdefault(caption.text, {"text": caption.text, "tags": [kind], "extra": {"named": caption.named}})
+
     for s in gallery:
         a = s.attributes
-        texts.setdefault(describe(a), ["描述"])
+        add(dataset.Caption(describe(a), {k: v for k, v in asdict(a).items()}), "描述")
         for template in rng.sample(dataset.usable(dataset.HELDOUT_TEMPLATES, a), 2):
-            texts.setdefault(dataset.fill(template, a, rng).text, ["句子"])
+            add(dataset.fill(template, a, rng), "句子")
         for tag in dataset.tag_captions(a):
-            texts.setdefault(tag.text, ["标签"])
-    return [{"text": t, "tags": tags} for t, tags in texts.items()]
+            add(tag, "标签")
+    return list(texts.values())
 
 
 def write_demo_files(settings: Settings, n: int = GALLERY_SIZE, seed: int = GALLERY_SEED) -> DemoFiles:
@@ -79,7 +84,8 @@ def write_demo_files(settings: Settings, n: int = GALLERY_SIZE, seed: int = GALL
                 "extra": {"attributes": asdict(a)},
             }
         )
-    texts.write_text("".join(json.dumps(t, ensure_ascii=False) + "\n" for t in demo_texts(gallery, seed)), "utf-8")
+    lines = [json.dumps(t, ensure_ascii=False) + "\n" for t in demo_texts(gallery, seed)]
+    texts.write_text("".join(lines), encoding="utf-8")
     tmp = manifest.with_suffix(".tmp")
     tmp.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
     tmp.replace(manifest)
@@ -140,7 +146,7 @@ def example_commands(settings: Settings, files: DemoFiles) -> list[tuple[str, st
     picture = files.root / "images" / "demo-0000.png"
     query = json.dumps({"query": "红色的星星", "k": 5, "collection": IMAGE_COLLECTION}, ensure_ascii=False)
     return [
-        ("web UI", f"open {base}/"),
+        ("web UI: open in a browser", f"{base}/"),
         ("text → image", f"curl -s {base}/v1/search/text -H 'Content-Type: application/json' -d '{query}'"),
         (
             "image → image",

@@ -16,6 +16,7 @@ A checkpoint in Chinese-CLIP's format (`{"state_dict": ..., "config": ...}`) is 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -70,10 +71,49 @@ def soft_clip_loss(img: torch.Tensor, txt: torch.Tensor, scale: torch.Tensor, ma
     return (loss_i + loss_t) / 2
 
 
+class AttributeHeads(torch.nn.Module):
+    """Training-only linear probes, one per attribute, shared by both towers' normalised features.
+
+    From random initialisation both towers start out mapping everything to nearly one point, and
+    the contrastive loss alone first learns only which captions are generic; on a few shared CPU
+    cores the run collapsed and stayed there. Asking both image and text features to predict the
+    attributes through the *same* heads gives every picture and caption a direct, aligned signal
+    from the first step. The heads are not part of the shipped model.
+    """
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.heads = torch.nn.ModuleDict({k: torch.nn.Linear(dim, len(v)) for k, v in dataset.VALUES.items()})
+
+    def loss(self, features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """Mean cross-entropy over attributes; label -100 = not named (captions), ignored."""
+        losses = []
+        for i, head in enumerate(self.heads.values()):
+            target = labels[:, i]
+            if (target >= 0).any():
+                losses.append(F.cross_entropy(10.0 * head(features), target, ignore_index=-100))
+        return torch.stack(losses).mean()
+
+
+def attribute_labels(named: list[dict[str, object]]) -> torch.Tensor:
+    """[n, keys] value indices per attribute, -100 where an attribute is not named."""
+    rows = [[dataset.VALUES[k].index(d[k]) if k in d else -100 for k in dataset.VALUES] for d in named]
+    return torch.tensor(rows, dtype=torch.int64)
+
+
+@dataclasses.dataclass
+class Batch:
+    pixels: torch.Tensor  # [B, 3, 224, 224]
+    tokens: torch.Tensor  # [B*k, 52]
+    match: torch.Tensor  # [B, B*k]: 1 where the caption fits the picture
+    image_labels: torch.Tensor  # [B, keys]
+    text_labels: torch.Tensor  # [B*k, keys], -100 = not named
+
+
 class Batches:
     """Fresh training batches: pictures of training combinations, captions from training templates.
 
-    `next()` returns (pixels [B, 3, 224, 224], token ids [B*k, 52], match [B, B*k])."""
+    `next()` returns a `Batch` of B pictures with k captions each."""
 
     def __init__(self, batch_size: int, seed: int, captions_per_image: int = 2) -> None:
         self.batch_size = batch_size
@@ -101,10 +141,10 @@ class Batches:
 
         threading.Thread(target=work, daemon=True, name="batches").start()
 
-    def next(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def next(self) -> Batch:
         return self.queue.get() if hasattr(self, "queue") else self.make()
 
-    def make(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def make(self) -> Batch:
         attrs = [dataset.sample_attributes(self.rng, self.combos) for _ in range(self.batch_size)]
         images = []
         for a in attrs:
@@ -112,7 +152,13 @@ class Batches:
             images.append(dataset.render(a, seed=self.rng.getrandbits(40)))
         # Several captions per picture: text is cheap to encode, pictures are not.
         captions = [dataset.caption(a, self.rng, framed=0.3) for a in attrs for _ in range(self.captions_per_image)]
-        return images_to_tensor(images), self._tokens([c.text for c in captions]), match_matrix(attrs, captions)
+        return Batch(
+            pixels=images_to_tensor(images),
+            tokens=self._tokens([c.text for c in captions]),
+            match=match_matrix(attrs, captions),
+            image_labels=attribute_labels([dataclasses.asdict(a) for a in attrs]),
+            text_labels=attribute_labels([c.named for c in captions]),
+        )
 
 
 @torch.no_grad()
@@ -141,11 +187,12 @@ def param_groups(model: CLIP, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def save_checkpoint(path: Path, model: CLIP, config: dict, step: int, optimizer: torch.optim.Optimizer) -> None:
+def save_checkpoint(
+    path: Path, model: CLIP, heads: AttributeHeads, config: dict, step: int, optimizer: torch.optim.Optimizer
+) -> None:
+    state = {"state_dict": model.state_dict(), "config": config, "step": step}
     tmp = path.with_suffix(".tmp")
-    torch.save(
-        {"state_dict": model.state_dict(), "config": config, "step": step, "optimizer": optimizer.state_dict()}, tmp
-    )
+    torch.save({**state, "heads": heads.state_dict(), "optimizer": optimizer.state_dict()}, tmp)
     tmp.replace(path)
 
 
@@ -157,12 +204,15 @@ def train(args: argparse.Namespace) -> Path:
     config = load_config(Path(args.config))
     (out / "model_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     model = CLIP.from_config(config).train()
-    optimizer = torch.optim.AdamW(param_groups(model, args.weight_decay), lr=args.lr, betas=(0.9, 0.98), eps=1e-6)
+    heads = AttributeHeads(model.embed_dim)
+    groups = param_groups(model, args.weight_decay) + [{"params": list(heads.parameters()), "weight_decay": 0.0}]
+    optimizer = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.98), eps=1e-6)
     ckpt = out / "checkpoint.pt"
     start = 0
     if args.resume and ckpt.is_file():
         raw = torch.load(ckpt, map_location="cpu", weights_only=True)
         model.load_state_dict(raw["state_dict"])
+        heads.load_state_dict(raw["heads"])
         optimizer.load_state_dict(raw["optimizer"])
         start = int(raw["step"])
     batches = Batches(args.batch_size, seed=args.seed * 7919 + start, captions_per_image=args.captions_per_image)
@@ -179,29 +229,31 @@ def train(args: argparse.Namespace) -> Path:
         lr = args.lr * warm * 0.5 * (1 + math.cos(math.pi * progress))
         for g in optimizer.param_groups:
             g["lr"] = lr
-        images, tokens, match = batches.next()
-        img, txt, scale = model(images, tokens)
-        loss = soft_clip_loss(img, txt, scale, match)
+        batch = batches.next()
+        img, txt, scale = model(batch.pixels, batch.tokens)
+        contrastive = soft_clip_loss(img, txt, scale, batch.match)
+        probes = heads.loss(img, batch.image_labels) + heads.loss(txt, batch.text_labels)
+        loss = contrastive + args.attribute_weight * probes
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_([*model.parameters(), *heads.parameters()], 1.0)
         optimizer.step()
         with torch.no_grad():
             model.logit_scale.clamp_(0, math.log(100))
         elapsed = time.monotonic() - began
         if step % args.log_every == 0 or step == args.steps:
-            line = f"step {step} loss {loss.item():.4f} scale {scale.item():.1f} lr {lr:.2e} elapsed {elapsed:.0f}s"
+            line = f"step {step} loss {contrastive.item():.4f} probes {probes.item():.4f} scale {scale.item():.1f} lr {lr:.2e} elapsed {elapsed:.0f}s"
             if step % args.eval_every == 0 or step == args.steps:
                 line += f" heldout_t2i_r1 {quick_eval(model)['t2i_r1']:.3f}"
             print(line, flush=True)
             log.write(line + "\n")
             log.flush()
         if step % args.save_every == 0:
-            save_checkpoint(ckpt, model, config, step, optimizer)
+            save_checkpoint(ckpt, model, heads, config, step, optimizer)
         if progress >= 1.0:
             print(f"time budget of {args.minutes} min reached at step {step}", flush=True)
             break
-    save_checkpoint(ckpt, model, config, step, optimizer)
+    save_checkpoint(ckpt, model, heads, config, step, optimizer)
     # The shipped checkpoint: weights and config only, as `cnclip convert --checkpoint` reads it.
     final = out / "demo.pt"
     torch.save({"state_dict": model.state_dict(), "config": config, "step": step}, final)
@@ -217,6 +269,7 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=64, help="pictures per step")
     p.add_argument("--captions-per-image", type=int, default=2)
     p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--attribute-weight", type=float, default=1.0, help="weight of the attribute probes' loss")
     p.add_argument("--weight-decay", type=float, default=0.05)
     p.add_argument("--warmup", type=int, default=60)
     p.add_argument("--threads", type=int, default=2)
