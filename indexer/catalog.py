@@ -240,11 +240,13 @@ class SqlCatalog:
         rows: list[dict[str, Any]] = []
         for image in images:
             sha = image.sha256 or hashlib.sha256(image.data).hexdigest()
+            width: int | None
+            height: int | None
             if image.mime is None:
                 mime, width, height = probe_image(image.data, self.max_image_bytes, self.max_image_pixels)
             else:
                 mime, width, height = image.mime, image.width, image.height
-            fields = {"path": image.path, "sha256": sha, "size": len(image.data), "mime": mime}
+            fields: dict[str, Any] = {"path": image.path, "sha256": sha, "size": len(image.data), "mime": mime}
             fields.update(width=width, height=height, caption=image.caption, mtime=image.mtime)
             rows.append({**fields, "tags": list(image.tags), "extra": dict(image.extra), "data": image.data})
         return self._add(collection, "images", rows, vectors, model, replace)
@@ -418,7 +420,8 @@ class SqlCatalog:
             query = select(ItemRow.path, ItemRow.id, ItemRow.sha256, ItemRow.size, ItemRow.mtime).where(
                 ItemRow.collection_id == coll.id, ItemRow.path.is_not(None)
             )
-            return {path: FileState(i, sha, size, mtime) for path, i, sha, size, mtime in session.execute(query)}
+            rows = session.execute(query)
+            return {str(path): FileState(i, sha, size, mtime) for path, i, sha, size, mtime in rows}
 
     def content_index(self, collection: str) -> dict[str, tuple[int, str | None]]:
         """sha256 -> (item id, path) of every item of the collection (dedupe and rename detection)."""

@@ -236,7 +236,7 @@ class ImageIndexer:
             while (job := await queue.get()) is not None:
                 kind, payload = job
                 if kind == "move":
-                    await asyncio.to_thread(self._apply_move, payload)
+                    await asyncio.to_thread(self._apply_move, payload)  # type: ignore[arg-type]
                 else:
                     good, vectors = await payload  # type: ignore[misc]
                     await asyncio.to_thread(self._commit, good, vectors, summary)
@@ -268,8 +268,8 @@ class ImageIndexer:
             return [], [prepared.replaces] if prepared.replaces is not None else []
         return [(item_id, path, prepared.size, prepared.mtime)], []
 
-    def _apply_move(self, payload: object) -> None:
-        updates, deletes = payload  # type: ignore[misc]
+    def _apply_move(self, payload: tuple[list[tuple[int, str, int, float]], list[int]]) -> None:
+        updates, deletes = payload
         if updates:
             self.catalog.update_files(self.collection, updates)
         if deletes:

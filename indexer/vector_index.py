@@ -135,7 +135,7 @@ class VectorIndex:
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         with self.lock.write():
             try:
-                self.index.remove_ids(ids)
+                self.index.remove_ids(ids)  # type: ignore[arg-type]  # the numpy overload is not in faiss's stubs
             except RuntimeError:  # HNSW cannot remove: hide the ids instead
                 self.tombstones.update(int(i) for i in ids)
 
@@ -172,12 +172,13 @@ class VectorIndex:
 
     # --- search --------------------------------------------------------------------------------
     def _params(self, selector: faiss.IDSelector | None) -> faiss.SearchParameters | None:
+        # faiss's stubs lack these keyword constructors; they exist at run time (faiss >= 1.7.3).
         inner = faiss.downcast_index(self.index.index)
         if "HNSW" in self.active and hasattr(inner, "hnsw"):
-            return faiss.SearchParametersHNSW(sel=selector, efSearch=self.tuning.ef_search)
+            return faiss.SearchParametersHNSW(sel=selector, efSearch=self.tuning.ef_search)  # type: ignore[attr-defined,no-any-return]
         if "IVF" in self.active:
-            return faiss.SearchParametersIVF(sel=selector, nprobe=self.tuning.nprobe)
-        return faiss.SearchParameters(sel=selector) if selector is not None else None
+            return faiss.SearchParametersIVF(sel=selector, nprobe=self.tuning.nprobe)  # type: ignore[call-arg]
+        return faiss.SearchParameters(sel=selector) if selector is not None else None  # type: ignore[call-arg]
 
     def search(
         self, query: np.ndarray, k: int, fetch: FetchVectors, allowed: np.ndarray | None = None
@@ -223,14 +224,14 @@ class VectorIndex:
                 "model": self.model,
                 "tombstones": sorted(self.tombstones),
             }
-            body = faiss.serialize_index(self.index)
+            body = memoryview(faiss.serialize_index(self.index))  # type: ignore[arg-type]  # no 2 GB copy
         header = json.dumps(meta).encode()
         crc = zlib.crc32(body, zlib.crc32(header))
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
         with open(tmp, "wb") as f:
             f.write(MAGIC + struct.pack("<IQ", len(header), len(body)) + header)
-            f.write(memoryview(body))
+            f.write(body)
             f.write(struct.pack("<I", crc))
             f.flush()
             os.fsync(f.fileno())
@@ -263,7 +264,7 @@ class VectorIndex:
         if (meta["dim"], meta["factory"], meta["model"]) != (dim, factory, model):
             raise IndexFileError("made for another dim, factory or model")
         loaded = cls(dim, factory, model, tuning)
-        loaded.index = faiss.deserialize_index(np.frombuffer(body, dtype=np.uint8))
+        loaded.index = faiss.deserialize_index(np.frombuffer(body, dtype=np.uint8))  # type: ignore[assignment]
         loaded.active = meta["active"]
         loaded.tombstones = set(meta["tombstones"])
         return loaded
