@@ -83,7 +83,6 @@ def configs(n: int) -> list[tuple[str, SearchTuning]]:
         out.append((f"IVF{nlist},Flat", SearchTuning(nprobe=nprobe, rerank_factor=1, train_min=1)))
     for ef in (64, 128, 256):
         out.append(("HNSW32", SearchTuning(ef_search=ef, rerank_factor=4, train_min=1)))
-    out.append((f"IVF{nlist},PQ64", SearchTuning(nprobe=64, rerank_factor=10, train_min=1)))
     return out
 
 

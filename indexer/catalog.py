@@ -319,7 +319,7 @@ class SqlCatalog:
                 for i, r in enumerate(results)
             ]
             session.commit()
-            index = self._indexes[coll.id]
+            index = self._index_for(coll.id)
             index.remove(np.array(sorted(replaced), dtype=np.int64))
             if new_rows:
                 index.add(np.array([item.id for _, item in new_rows], np.int64), unit[[p for p, _ in new_rows]])
@@ -356,7 +356,7 @@ class SqlCatalog:
             session.commit()
         for collection_id in {row[1] for row in found}:
             ids = np.array([row[0] for row in found if row[1] == collection_id], dtype=np.int64)
-            self._indexes[collection_id].remove(ids)
+            self._index_for(collection_id).remove(ids)
             self._changed(collection_id)
         for sha, mime in orphans:
             media_file(self.media_dir, sha, mime).unlink(missing_ok=True)
@@ -432,7 +432,7 @@ class SqlCatalog:
 
     def index_ids(self, collection: str) -> np.ndarray:
         """The ids in the collection's FAISS index, sorted (tests and stats compare them with SQL)."""
-        return np.sort(self._indexes[self.get_collection(collection).id].ids())
+        return np.sort(self._index_for(self.get_collection(collection).id).ids())
 
     def sql_ids(self, collection: str) -> np.ndarray:
         return self._sql_ids(self.get_collection(collection).id)
@@ -447,7 +447,7 @@ class SqlCatalog:
         allowed = self._filter_ids(collection_id, filters) if filters and _has_filters(filters) else None
         if allowed is not None and len(allowed) == 0:
             return []
-        ids, scores = self._indexes[collection_id].search(query, k, self._fetch_vectors, allowed)
+        ids, scores = self._index_for(collection_id).search(query, k, self._fetch_vectors, allowed)
         return [Hit(int(i), float(s)) for i, s in zip(ids, scores, strict=True)]
 
     def _lookup(self, name: str) -> tuple[int, int]:
@@ -502,6 +502,19 @@ class SqlCatalog:
         with self._write_lock, Session(self.engine) as session:
             for row in session.scalars(select(CollectionRow)).all():
                 self._reconcile(row)
+
+    def _index_for(self, collection_id: int) -> VectorIndex:
+        """The collection's index; one created by another process since we opened is loaded now."""
+        index = self._indexes.get(collection_id)
+        if index is None:
+            with self._write_lock, Session(self.engine) as session:
+                if collection_id not in self._indexes:
+                    row = session.get(CollectionRow, collection_id)
+                    if row is None:
+                        raise NotFound(f"no collection with id {collection_id}")
+                    self._reconcile(row)
+            index = self._indexes[collection_id]
+        return index
 
     def _reconcile(self, row: CollectionRow) -> None:
         sql_ids = self._sql_ids(row.id)

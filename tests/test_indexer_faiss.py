@@ -137,3 +137,13 @@ def test_vector_index_file_format(tmp_path: Path) -> None:
     path.write_bytes(path.read_bytes()[:-10])
     with pytest.raises(IndexFileError, match="truncated"):
         VectorIndex.load(path, DIM, "Flat", "m")
+
+
+def test_collection_created_by_another_process_is_searchable(tmp_path, database_url) -> None:
+    server = open_test_catalog(tmp_path / "data", database_url)
+    indexer = open_test_catalog(tmp_path / "data", database_url)  # e.g. `cnclip index` beside `cnclip serve`
+    ids, vectors = fill(indexer, "late", 12)
+    indexer.close()
+    hit = server.search("late", vectors[7], k=1)[0]
+    assert hit.id == ids[7] and server.get_collection("late").vectors == 12
+    server.close()
