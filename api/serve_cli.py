@@ -47,6 +47,17 @@ def register(app: typer.Typer) -> None:
                 fg=typer.colors.YELLOW,
                 err=True,
             )
+        if settings.encoder == "local":
+            # Fail with one line, not a lifespan traceback, when the model directory is not usable.
+            from retrieval.errors import ModelError
+            from retrieval.manifest import ModelManifest
+
+            try:
+                ModelManifest.load(settings.model_dir, verify=False)
+            except ModelError as exc:
+                typer.secho(f"error: {exc.message}", fg=typer.colors.RED, err=True)
+                typer.echo("Set CNCLIP_MODEL_DIR to a model directory (see `cnclip convert`).", err=True)
+                raise typer.Exit(2) from exc
         typer.echo(f"cnclip: model {settings.model_dir}, data {settings.data_dir}")
         uvicorn.run(
             create_app(settings),
