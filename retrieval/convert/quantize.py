@@ -13,6 +13,7 @@ normalisation always runs in float32 whatever the precision of the tower.
 
 from __future__ import annotations
 
+import logging
 import tempfile
 from pathlib import Path
 
@@ -73,6 +74,13 @@ def to_fp16(model: onnx.ModelProto) -> onnx.ModelProto:
     return fp16
 
 
+class _DropPreprocessingHint(logging.Filter):
+    """ORT's quantizer logs a 'run pre-processing' hint per call on the root logger; it does not apply here."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "pre-processing before quantization" not in record.getMessage()
+
+
 def to_int8(
     model: onnx.ModelProto, per_channel: bool = True, quantize_activation_matmuls: bool = False
 ) -> onnx.ModelProto:
@@ -82,6 +90,8 @@ def to_int8(
     with tempfile.TemporaryDirectory(prefix="cnclip-int8-") as tmp:
         src, dst = Path(tmp) / "fp32.onnx", Path(tmp) / "int8.onnx"
         onnx.save_model(model, str(src))
+        hint_filter = _DropPreprocessingHint()
+        logging.getLogger().addFilter(hint_filter)
         try:
             quantize_dynamic(
                 src,
@@ -92,6 +102,8 @@ def to_int8(
             )
         except (RuntimeError, ValueError) as exc:
             raise ModelError(f"int8 quantization failed: {exc}") from exc
+        finally:
+            logging.getLogger().removeFilter(hint_filter)
         return onnx.load(str(dst))
 
 
