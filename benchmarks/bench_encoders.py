@@ -191,6 +191,8 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--precision", default="auto")
     parser.add_argument("--tokenizer-queries", type=int, default=20_000)
     parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch eager baseline")
+    parser.add_argument("--min-requests", type=int, default=2, help="requests each client completes per point")
+    parser.add_argument("--isolate", action="store_true", help="each encoder config in a fresh process (real models)")
     parser.add_argument("--out", type=Path, help="also write the markdown report here")
     args = parser.parse_args(argv)
 
@@ -225,17 +227,23 @@ def main(argv: list[str] | None = None) -> str:
     lines.append("")
 
     baselines: dict[str, list[dict[str, tuple[float, float]]]] = defaultdict(list)
-    for _ in range(args.repeats):
-        baselines["ORT fp32, batch 1, no batcher"].append(bench_ort_fp32_batch1(args.model, args.baseline_seconds))
+    runs: list[list[SweepPoint]] = []
+    for repeat in range(args.repeats):  # baselines and sweep interleaved: each repeat sees similar load
+        ort_fp32 = bench_ort_fp32_batch1(args.model, args.baseline_seconds)
+        baselines["ORT fp32, batch 1, no batcher"].append(ort_fp32)
+        print(f"repeat {repeat + 1}: ORT fp32 batch 1 {ort_fp32}", file=sys.stderr, flush=True)
         if not args.no_torch:
             eager = bench_torch_eager(args.model, args.baseline_seconds)
             if eager is not None:
                 baselines["PyTorch eager fp32, batch 1"].append(eager)
-
-    runs = [
-        run_sweep(args.model, ("text", "image"), concurrencies, configs, args.duration, base)
-        for _ in range(args.repeats)
-    ]
+                print(f"repeat {repeat + 1}: PyTorch eager batch 1 {eager}", file=sys.stderr, flush=True)
+        runs.append(
+            run_sweep(
+                args.model, ("text", "image"), concurrencies, configs, args.duration, base,
+                min_requests=args.min_requests, isolate=args.isolate,
+                on_point=lambda p: print(f"measured: {p.row()}", file=sys.stderr, flush=True),
+            )
+        )  # fmt: skip
     points = median_points(runs)
 
     reference = (

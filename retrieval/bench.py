@@ -12,9 +12,12 @@ from __future__ import annotations
 import asyncio
 import functools
 import io
+import multiprocessing
 import random
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -155,6 +158,8 @@ async def sweep_config(
     concurrencies: Sequence[int],
     duration_s: float,
     manifest: ModelManifest | None = None,
+    on_point: Callable[[SweepPoint], None] | None = None,
+    min_requests: int = 2,
 ) -> list[SweepPoint]:
     """One encoder configuration (streams, batching) over every tower and concurrency."""
     encoder = LocalEncoder(settings, manifest)
@@ -165,22 +170,17 @@ async def sweep_config(
         for tower in towers:
             await measure(encoder, tower, 1, 0.0, texts, images, min_requests=2)  # settle caches/threads
             for concurrency in concurrencies:
-                items, seconds, latencies = await measure(encoder, tower, concurrency, duration_s, texts, images)
-                p50, p95, p99 = percentiles(latencies)
-                points.append(
-                    SweepPoint(
-                        tower,
-                        settings.streams,
-                        settings.dynamic_batching,
-                        concurrency,
-                        items,
-                        seconds,
-                        items / seconds,
-                        p50,
-                        p95,
-                        p99,
-                    )
+                items, seconds, latencies = await measure(
+                    encoder, tower, concurrency, duration_s, texts, images, min_requests
                 )
+                p50, p95, p99 = percentiles(latencies)
+                point = SweepPoint(
+                    tower, settings.streams, settings.dynamic_batching, concurrency, items, seconds,
+                    items / seconds, p50, p95, p99,
+                )  # fmt: skip
+                points.append(point)
+                if on_point is not None:
+                    on_point(point)
     finally:
         await encoder.close()
     return points
@@ -193,15 +193,45 @@ def run_sweep(
     configs: Sequence[tuple[int, bool]] = ((1, True), (1, False), (2, True)),
     duration_s: float = 5.0,
     base: Settings | None = None,
+    on_point: Callable[[SweepPoint], None] | None = None,
+    min_requests: int = 2,
+    isolate: bool = False,
 ) -> list[SweepPoint]:
-    """Every (streams, batching) config in `configs`; the rest of the settings from `base`."""
+    """Every (streams, batching) config in `configs`; the rest of the settings from `base`.
+
+    `on_point` sees each point as soon as it is measured (progress for long runs). With `isolate`,
+    each config runs in a fresh process: a real-size model's sessions leave freed-but-fragmented
+    memory behind, and several configs in one process can exhaust a small machine's RAM.
+    """
     base = base or Settings(_env_file=None, model_dir=model_dir)  # type: ignore[call-arg]
-    manifest = ModelManifest.load(model_dir)
     points: list[SweepPoint] = []
     for streams, batching in configs:
         settings = base.model_copy(update={"model_dir": model_dir, "streams": streams, "dynamic_batching": batching})
-        points += asyncio.run(sweep_config(settings, towers, concurrencies, duration_s, manifest))
+        job = (settings, tuple(towers), tuple(concurrencies), duration_s, min_requests)
+        if isolate:
+            context = multiprocessing.get_context("spawn")
+            with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+                config_points = pool.submit(_sweep_and_print, *job).result()
+            for point in config_points:
+                if on_point is not None:
+                    on_point(point)
+        else:
+            config_points = asyncio.run(sweep_config(*job[:4], min_requests=min_requests, on_point=on_point))
+        points += config_points
     return points
+
+
+def _sweep_and_print(
+    settings: Settings, towers: Sequence[str], concurrencies: Sequence[int], duration_s: float, min_requests: int
+) -> list[SweepPoint]:
+    """The body of an isolated config (runs in a child process); prints progress to stderr."""
+
+    def show(point: SweepPoint) -> None:
+        print(f"measured: {point.row()}", file=sys.stderr, flush=True)
+
+    return asyncio.run(
+        sweep_config(settings, towers, concurrencies, duration_s, min_requests=min_requests, on_point=show)
+    )
 
 
 def to_json(points: Sequence[SweepPoint]) -> list[dict]:

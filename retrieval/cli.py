@@ -57,7 +57,10 @@ def bench_encoders(
         raise typer.BadParameter("precision must be auto, fp32, fp16 or int8")
     base = Settings(model_dir=model, precision=precision, buckets=_ints(buckets))  # type: ignore[call-arg, arg-type]
     try:
-        points = run_sweep(model, tower_list, _ints(concurrency), _configs(configs), duration, base)
+        points = run_sweep(
+            model, tower_list, _ints(concurrency), _configs(configs), duration, base,
+            on_point=lambda p: typer.echo(f"measured: {p.row()}", err=True),
+        )  # fmt: skip
     except CnclipError as exc:
         typer.echo(f"error: {exc.message}", err=True)
         raise typer.Exit(1) from exc

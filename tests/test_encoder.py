@@ -259,7 +259,7 @@ def test_benchmark_script_smoke_run_on_the_toy_model(toy_model_dir: Path, tmp_pa
     out = tmp_path / "report.md"
     report = module.main(
         ["--model", str(toy_model_dir), "--repeats", "1", "--duration", "0.2", "--baseline-seconds", "0.2",
-         "--concurrency", "2", "--configs", "1:on,2:off", "--buckets", "1,4", "--tokenizer-queries", "500",
+         "--concurrency", "2", "--configs", "1:on,2:off", "--buckets", "1,4", "--tokenizer-queries", "500", "--isolate",
          "--out", str(out)]
     )  # fmt: skip
     assert out.read_text() == report
