@@ -90,6 +90,12 @@ def training_threshold(factory: str, tuning: SearchTuning) -> int:
     return max(tuning.train_min, 39 * _nlist(factory))
 
 
+def scores_are_exact(factory: str) -> bool:
+    """Whether an index stores full vectors (Flat, IVF…,Flat, HNSW…): its scores need no re-rank,
+    only compressed codes (PQ, SQ, …) do."""
+    return not re.search(r"PQ|SQ|LSH|RQ|RaBitQ", factory)
+
+
 def id_checksum(ids: np.ndarray) -> int:
     """Order-independent checksum of a set of ids (reconcile compares count, max id and this)."""
     mixed = (np.asarray(ids, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ np.uint64(0xBF58476D1CE4E5B9)
@@ -191,8 +197,9 @@ class VectorIndex:
         query = np.ascontiguousarray(query, dtype=np.float32).reshape(1, self.dim)
         if allowed is not None and self.tombstones:
             allowed = allowed[~np.isin(allowed, np.fromiter(self.tombstones, dtype=np.int64))]
-        exact = self.active == "Flat"
-        if allowed is not None and not exact and len(allowed) <= max(self.tuning.exact_filter_max, k):
+        complete = self.active == "Flat"  # exhaustive: nothing can be missed
+        exact = complete or scores_are_exact(self.active)
+        if allowed is not None and not complete and len(allowed) <= max(self.tuning.exact_filter_max, k):
             return _exact(query, allowed, fetch(allowed), k)
         with self.lock.read():
             total = int(self.index.ntotal)
@@ -212,7 +219,7 @@ class VectorIndex:
         if not exact:
             ids, scores = _exact(query, ids, fetch(ids), k)  # re-rank with the stored vectors
         ids, scores = ids[:k], scores[:k]
-        if allowed is not None and len(ids) < min(k, len(allowed)):
+        if allowed is not None and not complete and len(ids) < min(k, len(allowed)):
             # An approximate index can miss members of a narrow filter: never return too few.
             return _exact(query, allowed, fetch(allowed), k)
         return ids, scores

@@ -147,3 +147,21 @@ def test_collection_created_by_another_process_is_searchable(tmp_path, database_
     hit = server.search("late", vectors[7], k=1)[0]
     assert hit.id == ids[7] and server.get_collection("late").vectors == 12
     server.close()
+
+
+def test_only_compressed_indexes_rerank_from_stored_vectors() -> None:
+    vectors = random_unit(2000, DIM, seed=4)
+    fetched: list[int] = []
+
+    def fetch(ids: np.ndarray) -> np.ndarray:
+        fetched.append(len(ids))
+        return vectors[ids]
+
+    for factory, reranks in (("IVF8,Flat", False), ("IVF8,PQ4", True)):
+        fetched.clear()
+        index = VectorIndex(DIM, factory, "m", SearchTuning(train_min=100, nprobe=8, rerank_factor=5))
+        index = index.build(np.arange(2000), lambda ids: vectors[ids])
+        fetched.clear()
+        ids, scores = index.search(vectors[11], 10, fetch)
+        assert ids[0] == 11 and scores[0] == pytest.approx(1.0, abs=1e-5)
+        assert fetched == ([50] if reranks else [])  # k·r candidates re-scored, or none at all
