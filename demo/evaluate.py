@@ -155,16 +155,40 @@ def markdown(results: dict[str, dict[str, float]]) -> str:
     return "\n".join(rows)
 
 
+CARD_START = "<!-- metrics:start (written by python -m demo.evaluate --card) -->"
+CARD_END = "<!-- metrics:end -->"
+
+
+def write_card_metrics(model_dir: Path, results: dict[str, dict[str, float]]) -> None:
+    """Record `results` in MODEL_DIR/eval.json and between the metric markers of MODEL_CARD.md."""
+    (model_dir / "eval.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    card_path = model_dir / "MODEL_CARD.md"
+    card = card_path.read_text(encoding="utf-8")
+    if CARD_START not in card or CARD_END not in card:
+        raise SystemExit(f"{card_path} has no metric markers")
+    head, rest = card.split(CARD_START, 1)
+    _, tail = rest.split(CARD_END, 1)
+    b = results["_benchmark"]
+    table = (
+        f"{markdown(results)}\n\n{b['gallery']} held-out pictures, {b['queries']} held-out queries, "
+        f"{b['corpus']} held-out captions in the image → text corpus."
+    )
+    card_path.write_text(f"{head}{CARD_START}\n{table}\n{CARD_END}{tail}", encoding="utf-8")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model-dir", type=Path, default=SHIPPED_MODEL_DIR)
     p.add_argument("--gallery", type=int, default=500, help="held-out gallery size")
     p.add_argument("--precision", default="fp32,int8", help="comma-separated precisions to evaluate")
     p.add_argument("--json", type=Path, help="also write the results here")
+    p.add_argument("--card", action="store_true", help="write eval.json and the metrics table of MODEL_CARD.md")
     args = p.parse_args()
     results = evaluate(args.model_dir, args.gallery, tuple(args.precision.split(",")))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
+    if args.card:
+        write_card_metrics(args.model_dir, results)
     print(markdown(results))
     b = results["_benchmark"]
     print(f"\n{b['gallery']} held-out pictures, {b['queries']} queries, {b['corpus']} corpus captions")

@@ -57,6 +57,27 @@ def images_to_tensor(images: list) -> torch.Tensor:
     return x.sub_(_MEAN).div_(_STD)
 
 
+def patch_labels(images: list, attrs: list[dataset.Attributes], patch: int = 32) -> torch.Tensor:
+    """[B, grid*grid] per patch: the shape's index where object pixels cover > 10 % of it, else len(shapes)."""
+    arr = np.stack([np.asarray(im, dtype=np.int16) for im in images])  # [B, H, W, 3]
+    colours = np.array([dataset.COLOURS[a.colour] for a in attrs], dtype=np.int16)[:, None, None, :]
+    # Backgrounds never share a colour with the object, so "within the jitter of its colour" is its mask.
+    mask = (np.abs(arr - colours).max(axis=3) <= 14).astype(np.float32)
+    b, h, w = mask.shape
+    cover = mask.reshape(b, h // patch, patch, w // patch, patch).mean(axis=(2, 4)).reshape(b, -1)
+    shapes = np.array([dataset.VALUES["shape"].index(a.shape) for a in attrs])[:, None]
+    return torch.from_numpy(np.where(cover > 0.1, shapes, len(dataset.SHAPES)).astype(np.int64))
+
+
+def visual_features_and_patches(model: CLIP, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The image tower's forward (as `CLIP.encode_image`), also returning the last layer's patch tokens."""
+    v = model.visual
+    x = v.conv1(pixels).flatten(2).transpose(1, 2)
+    x = torch.cat([v.class_embedding.expand(x.shape[0], 1, -1), x], dim=1) + v.positional_embedding
+    x = v.transformer(v.ln_pre(x))
+    return v.ln_post(x[:, 0, :]) @ v.proj, x[:, 1:, :]
+
+
 def match_matrix(attrs: list[dataset.Attributes], captions: list[dataset.Caption]) -> torch.Tensor:
     """[images, captions] 1.0 where the picture has every attribute the caption names."""
     return torch.tensor([[float(a.matches(c.named)) for c in captions] for a in attrs])
@@ -71,6 +92,11 @@ def soft_clip_loss(img: torch.Tensor, txt: torch.Tensor, scale: torch.Tensor, ma
     return (loss_i + loss_t) / 2
 
 
+# Shape is what a patch-32 ViT learns last (colour and background come almost for free from the
+# pixel means); its probe counts triple so that the first minutes go where they are needed.
+PROBE_WEIGHTS = {"shape": 3.0}
+
+
 class AttributeHeads(torch.nn.Module):
     """Training-only linear probes, one per attribute, shared by both towers' normalised features.
 
@@ -81,17 +107,24 @@ class AttributeHeads(torch.nn.Module):
     from the first step. The heads are not part of the shipped model.
     """
 
-    def __init__(self, dim: int) -> None:
+    def __init__(self, dim: int, width: int) -> None:
         super().__init__()
         self.heads = torch.nn.ModuleDict({k: torch.nn.Linear(dim, len(v)) for k, v in dataset.VALUES.items()})
+        # Per patch token: which shape (or background) it shows. A dense signal that teaches the patch
+        # embedding and early layers local shape features long before attention learns to find them.
+        self.patch_head = torch.nn.Linear(width, len(dataset.SHAPES) + 1)
+
+    def patch_loss(self, patches: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(self.patch_head(patches).flatten(0, 1), labels.flatten())
 
     def loss(self, features: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """Mean cross-entropy over attributes; label -100 = not named (captions), ignored."""
         losses = []
-        for i, head in enumerate(self.heads.values()):
+        for i, (key, head) in enumerate(self.heads.items()):
             target = labels[:, i]
             if (target >= 0).any():
-                losses.append(F.cross_entropy(10.0 * head(features), target, ignore_index=-100))
+                weight = PROBE_WEIGHTS.get(key, 1.0)
+                losses.append(weight * F.cross_entropy(10.0 * head(features), target, ignore_index=-100))
         return torch.stack(losses).mean()
 
 
@@ -108,6 +141,7 @@ class Batch:
     match: torch.Tensor  # [B, B*k]: 1 where the caption fits the picture
     image_labels: torch.Tensor  # [B, keys]
     text_labels: torch.Tensor  # [B*k, keys], -100 = not named
+    patch_labels: torch.Tensor  # [B, 49]: shape index of the object in each patch, or "background"
 
 
 class Batches:
@@ -119,8 +153,6 @@ class Batches:
         self.batch_size = batch_size
         self.captions_per_image = captions_per_image
         self.rng = random.Random(seed)
-        held = dataset.heldout_combos()
-        self.combos = [c for c in dataset._all_combos() if c not in held]
         self.token_cache: dict[str, np.ndarray] = {}
         self.counter = 0
 
@@ -145,7 +177,7 @@ class Batches:
         return self.queue.get() if hasattr(self, "queue") else self.make()
 
     def make(self) -> Batch:
-        attrs = [dataset.sample_attributes(self.rng, self.combos) for _ in range(self.batch_size)]
+        attrs = [dataset.sample_split(self.rng, "train") for _ in range(self.batch_size)]
         images = []
         for a in attrs:
             self.counter += 1
@@ -158,6 +190,7 @@ class Batches:
             match=match_matrix(attrs, captions),
             image_labels=attribute_labels([dataclasses.asdict(a) for a in attrs]),
             text_labels=attribute_labels([c.named for c in captions]),
+            patch_labels=patch_labels(images, attrs),
         )
 
 
@@ -204,7 +237,7 @@ def train(args: argparse.Namespace) -> Path:
     config = load_config(Path(args.config))
     (out / "model_config.json").write_text(json.dumps(config, indent=2) + "\n", encoding="utf-8")
     model = CLIP.from_config(config).train()
-    heads = AttributeHeads(model.embed_dim)
+    heads = AttributeHeads(model.embed_dim, config["vision_width"])
     groups = param_groups(model, args.weight_decay) + [{"params": list(heads.parameters()), "weight_decay": 0.0}]
     optimizer = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.98), eps=1e-6)
     ckpt = out / "checkpoint.pt"
@@ -212,8 +245,9 @@ def train(args: argparse.Namespace) -> Path:
     if args.resume and ckpt.is_file():
         raw = torch.load(ckpt, map_location="cpu", weights_only=True)
         model.load_state_dict(raw["state_dict"])
-        heads.load_state_dict(raw["heads"])
-        optimizer.load_state_dict(raw["optimizer"])
+        missing = heads.load_state_dict(raw["heads"], strict=False).missing_keys
+        if not missing:  # an optimizer state only fits the same set of parameters
+            optimizer.load_state_dict(raw["optimizer"])
         start = int(raw["step"])
     batches = Batches(args.batch_size, seed=args.seed * 7919 + start, captions_per_image=args.captions_per_image)
     batches.prefetch()
@@ -230,9 +264,13 @@ def train(args: argparse.Namespace) -> Path:
         for g in optimizer.param_groups:
             g["lr"] = lr
         batch = batches.next()
-        img, txt, scale = model(batch.pixels, batch.tokens)
+        raw_img, patches = visual_features_and_patches(model, batch.pixels)
+        img = F.normalize(raw_img, dim=-1)
+        txt = F.normalize(model.encode_text(batch.tokens), dim=-1)
+        scale = model.logit_scale.exp()
         contrastive = soft_clip_loss(img, txt, scale, batch.match)
         probes = heads.loss(img, batch.image_labels) + heads.loss(txt, batch.text_labels)
+        probes = probes + heads.patch_loss(patches, batch.patch_labels)
         loss = contrastive + args.attribute_weight * probes
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
