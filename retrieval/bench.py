@@ -200,7 +200,7 @@ def run_sweep(
     """Every (streams, batching) config in `configs`; the rest of the settings from `base`.
 
     `on_point` sees each point as soon as it is measured (progress for long runs). With `isolate`,
-    each config runs in a fresh process: a real-size model's sessions leave freed-but-fragmented
+    each config runs in a fresh process, which prints its own progress to stderr instead: a real-size model's sessions leave freed-but-fragmented
     memory behind, and several configs in one process can exhaust a small machine's RAM.
     """
     base = base or Settings(_env_file=None, model_dir=model_dir)  # type: ignore[call-arg]
@@ -211,10 +211,7 @@ def run_sweep(
         if isolate:
             context = multiprocessing.get_context("spawn")
             with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
-                config_points = pool.submit(_sweep_and_print, *job).result()
-            for point in config_points:
-                if on_point is not None:
-                    on_point(point)
+                config_points = pool.submit(_sweep_and_print, *job).result()  # the child prints progress
         else:
             config_points = asyncio.run(sweep_config(*job[:4], min_requests=min_requests, on_point=on_point))
         points += config_points
