@@ -88,7 +88,9 @@ class Settings(BaseSettings):
         10_000, ge=1, description="Vectors a collection needs before a non-Flat factory is trained (Flat until then)."
     )
     search_rerank_factor: int = Field(
-        4, ge=1, description="Indexes with compressed codes (PQ, SQ) fetch k × this many candidates and re-rank them exactly."
+        4,
+        ge=1,
+        description="Indexes with compressed codes (PQ, SQ) fetch k × this many candidates and re-rank them exactly.",
     )
     index_nprobe: int = Field(64, ge=1, description="IVF lists visited per search.")
     index_ef_search: int = Field(128, ge=1, description="HNSW candidate list size per search.")
