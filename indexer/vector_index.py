@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import faiss
 import numpy as np
@@ -164,9 +165,11 @@ class VectorIndex:
         if fresh.wants_training(len(ids)):
             inner = faiss.index_factory(self.dim, self.factory, faiss.METRIC_INNER_PRODUCT)
             ivf = faiss.try_extract_index_ivf(inner)
-            if ivf is not None and hasattr(faiss.downcast_index(ivf), "do_polysemous_training"):
+            # Any: faiss's stubs type downcast_index as the base Index, which lacks the IVF-PQ field.
+            concrete: Any = faiss.downcast_index(ivf) if ivf is not None else None
+            if hasattr(concrete, "do_polysemous_training"):
                 # Polysemous training only serves Hamming pre-filtering, which we do not use, and is slow.
-                faiss.downcast_index(ivf).do_polysemous_training = False
+                concrete.do_polysemous_training = False
             if not inner.is_trained:
                 # 64 points per IVF list (faiss wants ≥ 39), at least 50k for PQ codebooks.
                 sample_size = min(len(ids), max(50_000, 64 * _nlist(self.factory)))
