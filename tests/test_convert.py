@@ -122,6 +122,19 @@ def test_report_counts_ops_before_and_after(converted: Path) -> None:
     assert 0.0 <= report["top10_overlap"]["int8"] <= 1.0 and report["top10_overlap"]["fp16"] >= 0.9
 
 
+def test_int8_keeps_the_output_projection_in_float_and_uses_7_bit_weights(converted: Path) -> None:
+    for tower, raw_output in (("image", "unnorm_image_features"), ("text", "unnorm_text_features")):
+        graph = onnx.load(str(converted / f"{tower}.int8.b1.onnx")).graph
+        producer = next(n for n in graph.node if raw_output in n.output)
+        # The projection to the embedding is a float MatMul, fed straight by a float weight.
+        assert producer.op_type == "MatMul"
+        weights = {t.name: t for t in graph.initializer}
+        assert weights[producer.input[1]].data_type == TensorProto.FLOAT
+        # Every other weight matrix is int8, within 7 bits (reduce_range: no u8s8 saturation on AVX2).
+        quantized = [numpy_helper.to_array(t) for t in graph.initializer if t.data_type == TensorProto.INT8]
+        assert quantized and all(np.abs(w.astype(np.int16)).max() <= 64 for w in quantized)
+
+
 def _session(path: Path) -> ort.InferenceSession:
     return ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 

@@ -5,7 +5,11 @@
   mistypes the Cast that builds BERT's attention mask.
 - int8 (for CPU): ONNX Runtime dynamic quantization, int8 weights per output channel, activations
   quantized on the fly. `quantize_activation_matmuls` also turns the attention matmuls (both
-  operands activations; fp32 by default) into integer ops.
+  operands activations; fp32 by default) into integer ops. Weights use 7 bits (`reduce_range`):
+  on x86 CPUs without VNNI (AVX2, as on our machines) ORT's u8s8 kernels can saturate their 16-bit
+  intermediate sums with full 8-bit weights. The output projection stays float32: its result *is*
+  the embedding, so its rounding goes straight into the ranking, and it is the smallest matrix of
+  the tower. On the demo model these two took int8's top-10 overlap with fp32 from 0.978 to 0.981.
 
 Graphs are converted *before* the L2 normalisation is appended (`append_l2_normalize`), so the
 normalisation always runs in float32 whatever the precision of the tower.
@@ -81,8 +85,18 @@ class _DropPreprocessingHint(logging.Filter):
         return "pre-processing before quantization" not in record.getMessage()
 
 
+def output_projections(model: onnx.ModelProto) -> list[str]:
+    """Names of the MatMul nodes whose result is a graph output (a tower's projection to the embedding)."""
+    outputs = {o.name for o in model.graph.output}
+    return [n.name for n in model.graph.node if n.op_type == "MatMul" and any(o in outputs for o in n.output)]
+
+
 def to_int8(
-    model: onnx.ModelProto, per_channel: bool = True, quantize_activation_matmuls: bool = False
+    model: onnx.ModelProto,
+    per_channel: bool = True,
+    quantize_activation_matmuls: bool = False,
+    reduce_range: bool = True,
+    keep_output_projection: bool = True,
 ) -> onnx.ModelProto:
     """Dynamic int8 quantization of MatMul/Conv/Gather weights (ONNX Runtime's quantizer)."""
     from onnxruntime.quantization import QuantType, quantize_dynamic
@@ -98,6 +112,8 @@ def to_int8(
                 dst,
                 per_channel=per_channel,
                 weight_type=QuantType.QInt8,
+                reduce_range=reduce_range,
+                nodes_to_exclude=output_projections(model) if keep_output_projection else [],
                 extra_options={"MatMulConstBOnly": not quantize_activation_matmuls},
             )
         except (RuntimeError, ValueError) as exc:
