@@ -24,11 +24,9 @@ from retrieval.config import SHIPPED_MODEL_DIR, Settings
 
 QUERIES = 150
 IMAGE_QUERIES = 80
-# The targets are t2i R@1 0.8, R@5 0.95, i2t R@1 0.8, zero-shot 0.9; the shipped model is
-# under-trained (see models/cnclip-demo/MODEL_CARD.md) and measured here, on 2026-12-02, t2i 0.43 /
-# 0.79, i2t 0.53, shape 0.38, colour 1.00. These floors guard that quality with a margin; raise them
-# to the targets when a fully trained model is shipped.
-FLOORS = {"t2i_r1": 0.35, "t2i_r5": 0.7, "i2t_r1": 0.4, "zeroshot_shape_acc": 0.28, "zeroshot_colour_acc": 0.95}
+# The targets (t2i R@1 0.8, R@5 0.95, i2t R@1 0.8, zero-shot 0.9), asked through the REST API
+# on the demo gallery (int8, the CPU default; the API's prompt-template ensemble for zero-shot).
+FLOORS = {"t2i_r1": 0.8, "t2i_r5": 0.95, "i2t_r1": 0.8, "zeroshot_shape_acc": 0.9, "zeroshot_colour_acc": 0.9}
 
 
 @pytest.fixture(scope="module")
@@ -75,9 +73,9 @@ def test_red_stars_are_found(client: TestClient, gallery: list[dataset.Sample]) 
     assert red_stars >= 2
     results = _search(client, "红色的星星", 5)
     found = [by_caption[r["caption"]] for r in results]
-    # Every result is red, and red stars are among them (measured: 2 of the top 5, top-1 a red diamond).
+    # Every result is red, and the gallery's red stars come first.
     assert all(a.colour == "红色" for a in found)
-    assert any(a.shape == "星形" for a in found)
+    assert all(a.shape == "星形" for a in found[: min(5, red_stars)])
     assert results[0]["image_url"] and "红色" in results[0]["tags"]
 
 
