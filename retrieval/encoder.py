@@ -48,7 +48,7 @@ class LocalEncoder:
     ) -> None:
         self.settings = settings
         self.manifest = manifest if manifest is not None else ModelManifest.load(settings.model_dir)
-        self.model_id = self.manifest.name
+        self.model_id = self.manifest.model_id
         self.dim = self.manifest.embed_dim
         self.logit_scale = self.manifest.logit_scale
         self.image_size = self.manifest.image_size

@@ -40,6 +40,14 @@ CNCLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CNCLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 
+def same_model(recorded: str, model_id: str) -> bool:
+    """True when vectors recorded as made by `recorded` came from the model `model_id`.
+
+    Collections made before model ids carried a fingerprint recorded the bare name; those are
+    taken at their word, so that upgrading the service does not force a re-index."""
+    return recorded == model_id or recorded == model_id.split("@", 1)[0]
+
+
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
     digest = hashlib.sha256()
     with path.open("rb") as f:
@@ -84,6 +92,17 @@ class ModelManifest:
     files: dict[str, str] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
     directory: Path | None = None
+
+    @property
+    def model_id(self) -> str:
+        """The name plus a fingerprint of every file's sha256 ("cnclip-demo@3f2a9c01b4de").
+
+        Collections record the model their vectors came from; with the name alone, a retrained or
+        re-converted model of the same name would be searched against the old weights' vectors."""
+        if not self.files:
+            return self.name
+        listing = "\n".join(f"{name} {digest}" for name, digest in sorted(self.files.items()))
+        return f"{self.name}@{hashlib.sha256(listing.encode('utf-8')).hexdigest()[:12]}"
 
     def graph_path(self, tower: str, precision: str, bucket: int) -> Path:
         if self.directory is None:

@@ -72,7 +72,7 @@ class TritonEncoder:
         self.address = parse_encoder_url(url or settings.encoder)
         # API and indexer nodes only need manifest.json, not the graphs, so the files are not verified.
         self.manifest = manifest or ModelManifest.load(settings.model_dir, verify=False)
-        self.model_id = self.manifest.name
+        self.model_id = self.manifest.model_id
         self.dim = self.manifest.embed_dim
         self.logit_scale = self.manifest.logit_scale
         self.image_size = self.manifest.image_size
@@ -189,7 +189,7 @@ class TritonEncoder:
         if features.shape != (n, self.dim) or features.dtype != np.float32:
             raise ModelError(
                 f"Triton model '{model}' at {self.address} returned {features.dtype} {list(features.shape)}, "
-                f"expected float32 {[n, self.dim]} (manifest of {self.model_id})"
+                f"expected float32 {[n, self.dim]} (manifest of {self.manifest.name})"
             )
         return features[:rows]
 
@@ -220,7 +220,7 @@ class TritonEncoder:
         if got_in.get("datatype") != datatype or batch == 0 or batch < -1 or in_shape[1:] not in item_dims:
             raise ModelError(
                 f"Triton model '{name}' at {self.address} takes {got_in.get('datatype')} {in_shape}, but the "
-                f"manifest of {self.model_id} needs {datatype} {wanted} (B = -1 or a fixed batch)"
+                f"manifest of {self.manifest.name} needs {datatype} {wanted} (B = -1 or a fixed batch)"
             )
         output_name = "text_features" if name == TEXT_MODEL else "image_features"
         if got_out.get("name") != output_name:
@@ -231,7 +231,7 @@ class TritonEncoder:
         if got_out.get("datatype") != "FP32" or out_shape != [batch, self.dim]:
             raise ModelError(
                 f"Triton model '{name}' at {self.address} outputs {got_out.get('datatype')} {out_shape}, but the "
-                f"manifest of {self.model_id} has embed_dim {self.dim} (FP32 {[batch, self.dim]})"
+                f"manifest of {self.manifest.name} has embed_dim {self.dim} (FP32 {[batch, self.dim]})"
             )
         self._inputs[name] = in_shape
 

@@ -79,7 +79,8 @@ def test_start_chooses_cpu_int8_and_is_ready_only_after(settings: Settings) -> N
 def test_attributes_and_protocol(settings: Settings) -> None:
     encoder = create_encoder(settings)
     assert isinstance(encoder, LocalEncoder) and isinstance(encoder, Encoder)
-    assert (encoder.model_id, encoder.dim, encoder.logit_scale) == ("toy", 32, 100.0)
+    assert (encoder.model_id, encoder.dim, encoder.logit_scale) == (encoder.manifest.model_id, 32, 100.0)
+    assert encoder.model_id.startswith("toy@")  # the name plus a fingerprint of the files
     assert (encoder.image_size, encoder.context_length) == (224, 52)
     assert encoder.manifest.arch == "toy"
 

@@ -43,7 +43,7 @@ def test_index_stats_search_and_texts(tmp_path: Path, database_url: str, toy_mod
     bad = [json.loads(line) for line in report.read_text().splitlines()]
     assert [row["path"] for row in bad] == [str(folder / "broken.jpg")] and bad[0]["reason"]
 
-    model = ModelManifest.load(toy_model_dir).name
+    model = ModelManifest.load(toy_model_dir).model_id
     stats = invoke(["stats", "--json"], env)
     assert stats.exit_code == 0, stats.output
     assert json.loads(stats.output.strip().splitlines()[-1]) == {

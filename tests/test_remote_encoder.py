@@ -96,7 +96,9 @@ def test_vectors_equal_the_local_encoder(server: ServerThread, remote_settings: 
         encoder = remote(remote_settings, server.url, observer=recorder)
         await encoder.start()
         try:
-            assert encoder.ready and encoder.dim == 32 and encoder.model_id == "toy"
+            # The same id as the local encoder: collections embedded by either are searchable by both.
+            assert encoder.ready and encoder.dim == 32 and encoder.model_id == local.model_id
+            assert encoder.model_id.startswith("toy@")
             pixels = np.stack([preprocess_image(f) for f in files])
             return (
                 await encoder.embed_texts(texts),
