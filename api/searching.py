@@ -12,6 +12,7 @@ from api.blocking import run_blocking
 from api.schemas import Filters, ItemOut, SearchResult
 from indexer.types import Catalog, CollectionInfo, CollectionKind, ItemRecord, SearchFilters
 from retrieval.errors import InvalidInput, NotFound
+from retrieval.manifest import same_model
 from retrieval.types import Encoder
 
 
@@ -100,9 +101,9 @@ class CollectionDirectory:
 async def resolve_collection(
     directory: CollectionDirectory, catalog: Catalog, name: str | None, kind: CollectionKind, encoder: Encoder
 ) -> CollectionInfo:
-    """The collection a search runs on, checked against the encoder's vector dimension."""
+    """The collection a search runs on, checked against the encoder's model and vector dimension."""
     info = await directory.resolve(catalog, name, kind)
-    if info.dim != encoder.dim:
+    if info.dim != encoder.dim or not same_model(info.model, encoder.model_id):
         raise InvalidInput(
             f"collection {info.name!r} was indexed with {info.model} ({info.dim}-d vectors); "
             f"the server runs {encoder.model_id} ({encoder.dim}-d). Re-index it with this model."

@@ -45,6 +45,7 @@ from indexer.types import (
 from indexer.vector_index import IndexFileError, SearchTuning, VectorIndex, id_checksum
 from retrieval.config import Settings
 from retrieval.errors import Conflict, InvalidInput, NotFound
+from retrieval.manifest import same_model
 from retrieval.preprocess import probe_image
 
 log = logging.getLogger(__name__)
@@ -182,12 +183,26 @@ class SqlCatalog:
                 info = self.get_collection(name)
             except NotFound:
                 return self.create_collection(name, kind, model, dim, index or self.default_factory)
-        if (info.kind, info.model, info.dim) != (kind, model, dim):
+        if (info.kind, info.dim) != (kind, dim) or not same_model(info.model, model):
             raise Conflict(
                 f"collection {name!r} holds {info.kind} embedded with model {info.model!r} (dim {info.dim}); "
                 f"this needs {kind} with model {model!r} (dim {dim}). Use another collection name."
             )
         return info
+
+    def delete_collection(self, name: str) -> int:
+        """Delete collection `name` with all its items and its FAISS file; returns how many items it held."""
+        with self._write_lock:
+            collection_id, _ = self._lookup(name)
+            removed = self.delete(self._sql_ids(collection_id).tolist())
+            with Session(self.engine) as session:
+                session.execute(delete(CollectionRow).where(CollectionRow.id == collection_id))
+                session.commit()
+            self._indexes.pop(collection_id, None)
+            self._dirty.pop(collection_id, None)
+            self._ids_by_name.pop(name, None)
+            self._index_path(collection_id).unlink(missing_ok=True)
+            return removed
 
     def get_collection(self, name: str) -> CollectionInfo:
         with Session(self.engine) as session:
@@ -472,7 +487,8 @@ class SqlCatalog:
         return [Hit(int(i), float(s)) for i, s in zip(ids, scores, strict=True)]
 
     def _lookup(self, name: str) -> tuple[int, int]:
-        """(id, dim) of a collection; collections are never renamed or dropped, so this is cached."""
+        """(id, dim) of a collection, cached: collections are never renamed, and `delete_collection`
+        clears the entry of the one it drops."""
         if name not in self._ids_by_name:
             with Session(self.engine) as session:
                 row = self._collection_row(session, name)

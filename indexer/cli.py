@@ -214,6 +214,7 @@ async def _search(settings: Settings, text: str, collection: str | None, k: int)
     from indexer.catalog import open_catalog
     from retrieval.encoder import create_encoder
     from retrieval.errors import Conflict, NotFound
+    from retrieval.manifest import same_model
 
     catalog = await asyncio.to_thread(open_catalog, settings)
     encoder = create_encoder(settings)
@@ -221,7 +222,7 @@ async def _search(settings: Settings, text: str, collection: str | None, k: int)
         info = catalog.get_collection(collection) if collection else catalog.default_collection("images")
         if info is None:
             raise NotFound("no image collection yet: `cnclip index FOLDER --collection NAME`")
-        if info.model != encoder.model_id:
+        if not same_model(info.model, encoder.model_id):
             raise Conflict(
                 f"collection {info.name!r} was embedded with {info.model!r}, the encoder is {encoder.model_id!r}"
             )

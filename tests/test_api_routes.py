@@ -307,3 +307,15 @@ def test_catalog_is_never_called_on_the_event_loop(settings: Settings) -> None:
         guard.calls
     )
     assert guard.on_loop == []
+
+
+def test_search_refuses_a_collection_another_model_embedded(settings: Settings, ids: dict[str, int]) -> None:
+    # Same dimension, other weights: searching old vectors with new queries would rank at random.
+    with api_client(settings, encoder=FakeEncoder(dim=32, model_id="retrained@0123456789ab")) as other:
+        r = other.post("/v1/search/text", json={"query": "红色", "collection": "photos"})
+        assert r.status_code == 422
+        assert "indexed with fake" in r.json()["error"]["message"] and "Re-index" in r.json()["error"]["message"]
+    # A bare name recorded before ids carried a fingerprint is taken as the same model.
+    with api_client(settings, encoder=FakeEncoder(dim=32, model_id="fake@0123456789ab")) as upgraded:
+        r = upgraded.post("/v1/search/text", json={"query": "红色", "collection": "photos"})
+        assert r.status_code == 200 and r.json()["results"]

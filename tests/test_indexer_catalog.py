@@ -81,6 +81,27 @@ def test_ids_are_never_reused(catalog: SqlCatalog) -> None:
     assert new > ids[-1]  # a stale FAISS id can never name a new row
 
 
+def test_delete_collection_removes_its_items_and_index_only(catalog: SqlCatalog) -> None:
+    catalog.create_collection("photos", "images", "old-model", DIM)
+    catalog.create_collection("kept", "images", "fake", DIM)
+    ids = add_photos(catalog, 4)
+    kept = add_photos(catalog, 2, start=20, name="kept")
+    catalog.flush()
+    index_files = set(catalog.index_dir.glob("*.faiss"))
+    assert catalog.delete_collection("photos") == 4
+    assert len(set(catalog.index_dir.glob("*.faiss"))) == len(index_files) - 1
+    assert catalog.get_many(ids) == [] and [r.id for r in catalog.get_many(kept)] == kept
+    with pytest.raises(NotFound):
+        catalog.get_collection("photos")
+    with pytest.raises(NotFound):
+        catalog.delete_collection("photos")
+    # The name is free again, for another model; its searches see none of the old vectors.
+    catalog.create_collection("photos", "images", "new-model", DIM)
+    assert catalog.get_collection("photos").items == 0
+    assert catalog.search("photos", random_unit(1, DIM)[0], 5) == []
+    assert len(catalog.search("kept", random_unit(1, DIM)[0], 5)) == 2
+
+
 def test_texts_collection(catalog: SqlCatalog) -> None:
     catalog.create_collection("captions", "texts", "fake", DIM)
     texts = [NewText("一只猫", tags=["animal"]), NewText("一辆汽车"), NewText("一只猫")]
