@@ -39,6 +39,8 @@ def register(app: typer.Typer) -> None:
         except CnclipError as exc:
             typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
             raise typer.Exit(1) from exc
+        for name in result.replaced:
+            typer.echo(f"re-indexed {name}: the model has changed since")
         typer.echo(
             f"{IMAGE_COLLECTION}: {result.images_added} pictures indexed, {result.images_skipped} already there"
             + (f", {result.failures} failed" if result.failures else "")

@@ -17,9 +17,13 @@ import json
 import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from demo import dataset
 from retrieval.config import Settings
+
+if TYPE_CHECKING:
+    from indexer.catalog import SqlCatalog
 
 IMAGE_COLLECTION = "demo"
 TEXT_COLLECTION = "demo-texts"
@@ -92,8 +96,19 @@ def write_demo_files(settings: Settings, n: int = GALLERY_SIZE, seed: int = GALL
     return DemoFiles(root, manifest, texts, created=True)
 
 
+def _drop_other_models(catalog: SqlCatalog, model_id: str) -> list[str]:
+    """Delete the demo collections that an earlier model embedded (the data is regenerated, not the user's)."""
+    dropped = []
+    for info in catalog.list_collections():
+        if info.name in (IMAGE_COLLECTION, TEXT_COLLECTION) and info.model != model_id:
+            catalog.delete_collection(info.name)
+            dropped.append(f"{info.name} (embedded with {info.model})")
+    return dropped
+
+
 @dataclass(frozen=True)
 class DemoIndexResult:
+    replaced: list[str]  # demo collections deleted because another model had embedded them
     images_added: int
     images_skipped: int
     failures: int
@@ -112,6 +127,7 @@ async def index_demo(settings: Settings, files: DemoFiles, progress: bool = True
     catalog = await asyncio.to_thread(open_catalog, settings)
     encoder = create_encoder(settings)
     try:
+        replaced = await asyncio.to_thread(_drop_other_models, catalog, encoder.model_id)
         await encoder.start()
         indexer = ImageIndexer(
             catalog,
@@ -132,6 +148,7 @@ async def index_demo(settings: Settings, files: DemoFiles, progress: bool = True
         await encoder.close()
         await asyncio.to_thread(catalog.close)
     return DemoIndexResult(
+        replaced=replaced,
         images_added=summary.added + summary.changed,
         images_skipped=summary.skipped + summary.renamed,
         failures=len(summary.failures),

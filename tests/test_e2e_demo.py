@@ -14,13 +14,17 @@ from pathlib import Path
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import update
 from typer.testing import CliRunner
 
 from api.app import create_app
 from api.cli import build_cli
 from demo import dataset
 from demo.gallery import GALLERY_SEED, GALLERY_SIZE, IMAGE_COLLECTION, TEXT_COLLECTION, demo_texts, describe
+from indexer.catalog import open_catalog
+from indexer.models import CollectionRow
 from retrieval.config import SHIPPED_MODEL_DIR, Settings
+from retrieval.manifest import ModelManifest
 
 QUERIES = 150
 IMAGE_QUERIES = 80
@@ -129,3 +133,27 @@ def test_zero_shot_classification(
         assert abs(sum(p["probability"] for p in ranked) - 1.0) < 1e-3
         right.append(ranked[0]["label"] == getattr(gallery[i].attributes, key))
     assert sum(right) / len(right) >= FLOORS[f"zeroshot_{key}_acc"]
+
+
+def test_demo_reindexes_collections_an_earlier_model_embedded(tmp_path: Path) -> None:
+    """After an upgrade of the shipped model, the demo's old vectors are replaced, not searched."""
+    env = {"CNCLIP_DATA_DIR": str(tmp_path), "CNCLIP_PROVIDER": "cpu", "CNCLIP_MODEL_DIR": str(SHIPPED_MODEL_DIR)}
+    assert CliRunner().invoke(build_cli(), ["demo", "--no-serve"], env=env).exit_code == 0
+    settings = Settings(_env_file=None, data_dir=tmp_path, model_dir=SHIPPED_MODEL_DIR)
+    catalog = open_catalog(settings)
+    with catalog.engine.begin() as connection:  # as the previous release recorded it: the bare name
+        connection.execute(update(CollectionRow).values(model="cnclip-demo"))
+    catalog.close()
+    again = CliRunner().invoke(build_cli(), ["demo", "--no-serve"], env=env)
+    assert again.exit_code == 0, again.output
+    assert f"re-indexed {IMAGE_COLLECTION} (embedded with cnclip-demo)" in again.output
+    assert f"{IMAGE_COLLECTION}: {GALLERY_SIZE} pictures indexed, 0 already there" in again.output
+    catalog = open_catalog(settings)
+    try:
+        infos = {c.name: c for c in catalog.list_collections()}
+        assert {infos[IMAGE_COLLECTION].model, infos[TEXT_COLLECTION].model} == {
+            ModelManifest.load(SHIPPED_MODEL_DIR).model_id
+        }
+        assert infos[IMAGE_COLLECTION].items == infos[IMAGE_COLLECTION].vectors == GALLERY_SIZE
+    finally:
+        catalog.close()
