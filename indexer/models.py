@@ -15,6 +15,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     DateTime,
     Float,
     ForeignKey,
@@ -43,14 +44,22 @@ class Base(DeclarativeBase):
 
 class CollectionRow(Base):
     __tablename__ = "collections"
+    __table_args__ = (UniqueConstraint("name_key", name="uq_collections_name_key"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(64), unique=True)
+    # `collection_key(name)`: names are unique case-insensitively (`demo` and `DEMO` cannot coexist).
+    name_key: Mapped[str] = mapped_column(String(200))
     kind: Mapped[str] = mapped_column(String(16))  # images | texts
     model: Mapped[str] = mapped_column(String(200))  # model id every vector of the collection was made with
     dim: Mapped[int] = mapped_column(Integer)
     index_factory: Mapped[str] = mapped_column(String(200), default="Flat")
     created_at: Mapped[datetime] = mapped_column(DateTime(), default=utcnow)
+    # Bumped in the same transaction as every add or delete: other processes compare it with the
+    # version their vector store has caught up to (see indexer/sync.py).
+    version: Mapped[int] = mapped_column(BigInteger, default=0)
+    # Names the collection's data in a shared vector engine (Milvus), independent of its SQL id.
+    vector_key: Mapped[str] = mapped_column(String(32))
 
 
 class ItemRow(Base):
@@ -59,12 +68,14 @@ class ItemRow(Base):
         UniqueConstraint("collection_id", "sha256", name="uq_items_collection_sha256"),
         Index("ix_items_collection_path", "collection_id", "path"),
         Index("ix_items_collection_created", "collection_id", "created_at"),
+        Index("ix_items_collection_version", "collection_id", "version"),
         {"sqlite_autoincrement": True},
     )
 
     id: Mapped[int] = mapped_column(ItemId, primary_key=True, autoincrement=True)
     collection_id: Mapped[int] = mapped_column(ForeignKey("collections.id", ondelete="CASCADE"))
     path: Mapped[str | None] = mapped_column(Text)  # source file of a bulk-indexed image
+    root: Mapped[str | None] = mapped_column(Text)  # the indexed folder `path` was found under
     sha256: Mapped[str] = mapped_column(String(64))
     size: Mapped[int | None] = mapped_column(BigInteger)
     mime: Mapped[str | None] = mapped_column(String(64))
@@ -76,6 +87,30 @@ class ItemRow(Base):
     mtime: Mapped[float | None] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(DateTime(), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(), default=utcnow, onupdate=utcnow)
+    version: Mapped[int] = mapped_column(BigInteger, default=0)  # the collection version that added it
+
+
+class DeletedItemRow(Base):
+    """Every deleted item, with the collection version of its deletion: other processes remove it
+    from their vector stores by reading these rows; `remembered` ones (a user's deletion) also keep
+    `cnclip index` from bringing the same bytes back."""
+
+    __tablename__ = "deleted_items"
+    __table_args__ = (
+        Index("ix_deleted_items_collection_version", "collection_id", "version"),
+        Index("ix_deleted_items_collection_sha256", "collection_id", "sha256"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(ItemId, primary_key=True, autoincrement=True)
+    collection_id: Mapped[int] = mapped_column(ForeignKey("collections.id", ondelete="CASCADE"))
+    item_id: Mapped[int] = mapped_column(BigInteger)
+    version: Mapped[int] = mapped_column(BigInteger)
+    reason: Mapped[str] = mapped_column(String(16))  # user | pruned | replaced
+    remembered: Mapped[bool] = mapped_column(Boolean, default=False)
+    sha256: Mapped[str] = mapped_column(String(64))
+    path: Mapped[str | None] = mapped_column(Text)
+    deleted_at: Mapped[datetime] = mapped_column(DateTime(), default=utcnow)
 
 
 class ItemTagRow(Base):

@@ -40,6 +40,7 @@ class ItemRecord:
     tags: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)
     path: str | None = None  # source path of an indexed file; None for uploads
+    root: str | None = None  # the folder that was indexed when `path` was found (media checks)
     sha256: str | None = None
     size: int | None = None
     mime: str | None = None
@@ -56,6 +57,7 @@ class NewImage:
 
     data: bytes
     path: str | None = None
+    root: str | None = None
     caption: str | None = None
     tags: list[str] = field(default_factory=list)
     extra: dict[str, Any] = field(default_factory=dict)

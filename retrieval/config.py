@@ -99,6 +99,22 @@ class Settings(BaseSettings):
     index_save_interval_s: float = Field(
         30.0, ge=0, description="Longest time the FAISS file lags behind SQL (it is caught up from SQL on open)."
     )
+    vector_store: Literal["faiss", "milvus"] = Field(
+        "faiss", description="Vector engine: `faiss` files under the data dir, or `milvus` (Lite file or server)."
+    )
+    milvus_uri: str | None = Field(
+        None,
+        description="Milvus: a local file path runs embedded Milvus Lite (one process at a time); "
+        "`http://host:19530` talks to a Milvus server or cluster. Empty = `milvus.db` under the data dir.",
+    )
+    milvus_token: SecretStr | None = Field(None, description="Milvus server token (`user:password` or an API key).")
+    sync_interval_s: float = Field(
+        0.5,
+        ge=0,
+        le=60,
+        description="How often a search checks (one indexed SQL query) whether another process changed its collection.",
+    )
+    max_collections: int = Field(1000, ge=1, description="Most collections a catalog may hold (creation beyond: 409).")
 
     # --- API -----------------------------------------------------------------------------------
     host: str = Field("127.0.0.1", description="Address `cnclip serve` binds.")
@@ -112,6 +128,10 @@ class Settings(BaseSettings):
         if not value or any(b < 1 for b in value):
             raise ValueError("buckets must be a non-empty list of positive batch sizes")
         return sorted(set(value))
+
+    @property
+    def milvus_uri_or_default(self) -> str:
+        return self.milvus_uri or str(self.data_dir / "milvus.db")
 
     @property
     def sqlalchemy_url(self) -> str:

@@ -1,0 +1,224 @@
+"""The FAISS engine (the embedded default): one `VectorIndex` per collection in memory, saved to
+`<data dir>/indexes/<database key>/<collection id>.faiss`.
+
+Every process holds its own copy in memory and catches it up from SQL (indexer/sync.py), so the
+file is only a head start for the next open: processes sharing a data dir save it under an
+exclusive `flock` and load it under a shared one, and each save is atomic (temp file, fsync,
+rename), so a reader sees a whole file, never a torn one. Filters become an id allow-list from SQL.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import faiss
+import numpy as np
+
+from indexer.types import SearchFilters
+from indexer.vector_index import IndexFileError, SearchTuning, VectorIndex
+from indexer.vector_store import FetchVectors, FilterIds, ItemAttrs, StoreSpec
+from retrieval.errors import InvalidInput
+
+log = logging.getLogger(__name__)
+
+MAX_IVF_LISTS = 1 << 20
+
+
+def has_filters(filters: SearchFilters | None) -> bool:
+    return bool(filters and (filters.tags or filters.mime or filters.date_from or filters.date_to))
+
+
+@contextmanager
+def _file_lock(path: Path, exclusive: bool) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "a+b") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+def _present(index: VectorIndex, ids: np.ndarray) -> np.ndarray:
+    """Mask of `ids` the index holds (tombstoned ids count as absent)."""
+    if len(ids) == 0 or index.ntotal == 0:
+        return np.zeros(len(ids), dtype=bool)
+    return np.isin(ids, index.ids())
+
+
+class FaissStore:
+    """`VectorStore` over a `VectorIndex` and its file."""
+
+    def __init__(
+        self,
+        spec: StoreSpec,
+        index: VectorIndex,
+        path: Path,
+        fetch: FetchVectors,
+        filter_ids: FilterIds,
+        save_interval_s: float,
+        problem: str | None = None,
+    ) -> None:
+        self.spec = spec
+        self.index = index
+        self.path = path
+        self.fetch = fetch
+        self.filter_ids = filter_ids
+        self.save_interval_s = save_interval_s
+        self.problem = problem  # why the saved file could not be used, if it could not
+        self._changes = threading.Lock()
+        self._dirty_since: float | None = time.monotonic() if problem else None
+
+    def upsert(self, ids: np.ndarray, vectors: np.ndarray, attrs: Sequence[ItemAttrs]) -> None:
+        ids = np.asarray(ids, dtype=np.int64)
+        with self._changes:
+            new = ~_present(self.index, ids)
+            if not new.any():
+                return
+            self.index.add(ids[new], np.asarray(vectors, dtype=np.float32)[new])
+            self._train_if_due()
+            self._touched()
+
+    def remove(self, ids: np.ndarray) -> None:
+        ids = np.asarray(ids, dtype=np.int64)
+        with self._changes:
+            held = ids[_present(self.index, ids)]  # an HNSW tombstone for an absent id would skew counts
+            if len(held):
+                self.index.remove(held)
+                self._touched()
+
+    def _train_if_due(self) -> None:
+        """Past the factory's training threshold, swap Flat for the trained index (built from SQL)."""
+        if not self.index.wants_training(self.index.ntotal):
+            return
+        started = time.perf_counter()
+        fresh = self.index.build(np.sort(self.index.ids()), self.fetch)
+        self.index.replace_with(fresh)
+        log.info(
+            "collection %s: trained %s on %d vectors in %.1f s",
+            self.spec.name, self.spec.factory, self.index.ntotal, time.perf_counter() - started,
+        )  # fmt: skip
+
+    def _touched(self) -> None:
+        if self._dirty_since is None:
+            self._dirty_since = time.monotonic()
+        if time.monotonic() - self._dirty_since >= self.save_interval_s:
+            self._save_locked()
+
+    def search(
+        self, query: np.ndarray, k: int, filters: SearchFilters | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        allowed = self.filter_ids(filters) if filters is not None and has_filters(filters) else None
+        if allowed is not None and len(allowed) == 0:
+            return np.empty(0, np.int64), np.empty(0, np.float32)
+        return self.index.search(query, k, self.fetch, allowed)
+
+    def count(self) -> int:
+        return self.index.ntotal
+
+    def ids(self) -> np.ndarray:
+        return self.index.ids()
+
+    def save(self) -> None:
+        with self._changes:
+            if self._dirty_since is not None:
+                self._save_locked()
+
+    def _save_locked(self) -> None:
+        with _file_lock(self.path, exclusive=True):
+            self.index.save(self.path)
+        self._dirty_since = None
+
+    def close(self) -> None:
+        self.save()
+
+
+class FaissEngine:
+    """`VectorEngine` keeping one FAISS file per collection under `index_dir`."""
+
+    name = "faiss"
+
+    def __init__(self, index_dir: Path, tuning: SearchTuning, save_interval_s: float) -> None:
+        self.index_dir = index_dir
+        self.tuning = tuning
+        self.save_interval_s = save_interval_s
+        self._remove_stale_temp_files()
+
+    def validate(self, factory: str, dim: int) -> None:
+        """Build `factory`, then train, fill and search a small copy of it (IVF lists capped at 8 so
+        that 512 sample points suffice): `IVF0`, `HNSW0` and the like fail here, when the collection
+        is created, not when it first reaches its training threshold."""
+        if len(factory) > 200 or not factory.isascii() or not factory.strip():
+            raise InvalidInput("an index description is at most 200 ASCII characters, e.g. Flat, HNSW32, IVF1024,Flat")
+        lists = _nlist(factory)
+        if lists is not None and not 1 <= lists <= MAX_IVF_LISTS:
+            raise InvalidInput(f"IVF needs 1 to {MAX_IVF_LISTS} lists, not {lists}")
+        for links in re.findall(r"HNSW(\d*)", factory):
+            # HNSW0 aborts the whole process inside FAISS: refuse it before building anything.
+            if links and not 2 <= int(links) <= 512:
+                raise InvalidInput(f"HNSW needs 2 to 512 links per node, not {links}")
+        small = re.sub(r"IVF\d+", lambda m: f"IVF{min(int(m.group(0)[3:]), 8)}", factory)
+        sample = np.random.default_rng(0).standard_normal((512, dim)).astype(np.float32)
+        faiss.normalize_L2(sample)
+        try:
+            faiss.index_factory(dim, factory, faiss.METRIC_INNER_PRODUCT)
+            index = faiss.index_factory(dim, small, faiss.METRIC_INNER_PRODUCT)
+            if not index.is_trained:
+                index.train(sample)
+            index.add(sample[:64])
+            _, labels = index.search(sample[:1], 1)
+            if labels[0][0] < 0:
+                raise ValueError("an index that finds nothing")
+        except (RuntimeError, ValueError, TypeError, AssertionError) as exc:
+            raise InvalidInput(f"not a usable FAISS index for {dim}-d vectors: {factory!r}") from exc
+
+    def path(self, spec: StoreSpec) -> Path:
+        return self.index_dir / f"{spec.collection_id}.faiss"
+
+    def open(self, spec: StoreSpec, fetch: FetchVectors, filter_ids: FilterIds) -> FaissStore:
+        path = self.path(spec)
+        problem = None
+        try:
+            with _file_lock(path, exclusive=False):
+                index = VectorIndex.load(path, spec.dim, spec.factory, spec.model, self.tuning)
+        except IndexFileError as exc:
+            index, problem = VectorIndex(spec.dim, spec.factory, spec.model, self.tuning), str(exc)
+        return FaissStore(spec, index, path, fetch, filter_ids, self.save_interval_s, problem)
+
+    def drop(self, spec: StoreSpec) -> None:
+        path = self.path(spec)
+        with _file_lock(path, exclusive=True):
+            path.unlink(missing_ok=True)
+        path.with_name(path.name + ".lock").unlink(missing_ok=True)
+
+    def close(self) -> None:
+        pass
+
+    def _remove_stale_temp_files(self) -> None:
+        for tmp in self.index_dir.glob("*.tmp-*"):
+            pid = tmp.name.split(".tmp-")[-1].split("-")[0]
+            if pid.isdigit() and not _process_alive(int(pid)):
+                tmp.unlink(missing_ok=True)
+
+
+def _nlist(factory: str) -> int | None:
+    match = re.search(r"IVF(\d+)", factory)
+    return int(match.group(1)) if match else None
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

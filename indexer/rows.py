@@ -1,0 +1,435 @@
+"""SQL, the source of truth: collections, items, tags, vectors and deletions, and nothing else.
+
+Every write bumps its collection's `version` first, in the same transaction, and stamps the rows it
+adds or deletes with the new value. On PostgreSQL the bump takes the collection row's lock until
+commit, so writers of one collection commit in version order and a reader that has seen version v
+finds every later change with `version > v` (indexer/sync.py relies on this); SQLite has a single
+writer anyway. Ids are never reused, so a stale id can never be taken for a new row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import numpy as np
+from sqlalchemy import Engine, delete, exists, func, insert, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from indexer.media import media_file, store_media
+from indexer.models import CollectionRow, DeletedItemRow, ItemRow, ItemTagRow, VectorRow, utcnow
+from indexer.names import collection_key
+from indexer.types import AddResult, CollectionKind, ItemRecord, SearchFilters
+from indexer.vector_store import ItemAttrs
+from retrieval.errors import Conflict, InvalidInput, NotFound
+
+IN_CHUNK = 5000  # ids per SQL IN (...) list; SQLite allows 32766 variables
+
+# Every column a bulk insert names (a multi-row INSERT needs the same keys in every row).
+_EMPTY_ITEM: dict[str, Any] = dict.fromkeys(("path", "root", "size", "mime", "width", "height", "caption", "mtime"))
+
+
+@dataclass(frozen=True)
+class CollectionState:
+    """A collection's SQL row: what it is, and the version of its latest change."""
+
+    id: int
+    name: str
+    kind: CollectionKind
+    model: str
+    dim: int
+    factory: str
+    version: int
+    vector_key: str
+    created_at: datetime | None
+
+
+@dataclass(frozen=True)
+class FileState:
+    """What the catalog knows about one bulk-indexed file (for incremental runs)."""
+
+    id: int
+    sha256: str
+    size: int | None
+    mtime: float | None
+
+
+def naive_utc(moment: datetime) -> datetime:
+    return moment.astimezone(UTC).replace(tzinfo=None) if moment.tzinfo else moment
+
+
+def aware(moment: datetime | None) -> datetime | None:
+    return moment.replace(tzinfo=UTC) if moment is not None and moment.tzinfo is None else moment
+
+
+def chunks(values: Sequence[Any] | np.ndarray, size: int = IN_CHUNK) -> Iterable[list[Any]]:
+    """Slices for IN (...) lists; numpy ints become Python ints for the drivers."""
+    for start in range(0, len(values), size):
+        yield [v.item() if isinstance(v, np.generic) else v for v in values[start : start + size]]
+
+
+def _state(row: CollectionRow) -> CollectionState:
+    return CollectionState(
+        id=row.id,
+        name=row.name,
+        kind=row.kind,  # type: ignore[arg-type]
+        model=row.model,
+        dim=row.dim,
+        factory=row.index_factory,
+        version=int(row.version or 0),
+        vector_key=row.vector_key,
+        created_at=aware(row.created_at),
+    )
+
+
+def _bump_version(session: Session, collection_id: int) -> int:
+    """The collection's next version; on PostgreSQL this row stays locked until commit."""
+    session.execute(
+        update(CollectionRow).where(CollectionRow.id == collection_id).values(version=CollectionRow.version + 1)
+    )
+    return int(session.scalar(select(CollectionRow.version).where(CollectionRow.id == collection_id)) or 0)
+
+
+class ItemRows:
+    """The catalog's SQL: synchronous, thread-safe (one session per call)."""
+
+    def __init__(self, engine: Engine, media_dir: Any) -> None:
+        self.engine = engine
+        self.media_dir = media_dir
+
+    # --- collections -----------------------------------------------------------------------
+    def create_collection(self, name: str, kind: CollectionKind, model: str, dim: int, factory: str) -> CollectionState:
+        with Session(self.engine, expire_on_commit=False) as session:
+            row = CollectionRow(
+                name=name,
+                name_key=collection_key(name),
+                kind=kind,
+                model=model,
+                dim=dim,
+                index_factory=factory,
+                version=0,
+                vector_key=uuid.uuid4().hex,
+                created_at=utcnow(),
+            )
+            session.add(row)
+            try:
+                session.commit()
+            except IntegrityError as exc:
+                raise Conflict(f"collection {name!r} already exists (names are case-insensitive)") from exc
+            return _state(row)
+
+    def collection(self, name: str) -> CollectionState:
+        """The collection named `name`, case-insensitively; `NotFound` otherwise."""
+        with Session(self.engine) as session:
+            row = session.scalar(select(CollectionRow).where(CollectionRow.name_key == collection_key(name)))
+            if row is None:
+                raise NotFound(f"no collection named {name!r}")
+            return _state(row)
+
+    def collection_by_id(self, collection_id: int) -> CollectionState | None:
+        with Session(self.engine) as session:
+            row = session.get(CollectionRow, collection_id)
+            return _state(row) if row is not None else None
+
+    def collections(self) -> list[CollectionState]:
+        """Every collection, oldest first."""
+        with Session(self.engine) as session:
+            rows = session.scalars(select(CollectionRow).order_by(CollectionRow.created_at, CollectionRow.id)).all()
+            return [_state(row) for row in rows]
+
+    def item_counts(self, collection_id: int | None = None) -> dict[int, int]:
+        query = select(ItemRow.collection_id, func.count()).group_by(ItemRow.collection_id)
+        if collection_id is not None:
+            query = query.where(ItemRow.collection_id == collection_id)
+        with Session(self.engine) as session:
+            return {cid: int(count) for cid, count in session.execute(query)}
+
+    def remembered_count(self, collection_id: int) -> int:
+        query = select(func.count()).where(DeletedItemRow.collection_id == collection_id, DeletedItemRow.remembered)
+        with Session(self.engine) as session:
+            return int(session.scalar(query) or 0)
+
+    def drop_collection(self, collection_id: int) -> None:
+        """The collection and all its rows (cascades), upload copies no other row uses."""
+        with Session(self.engine) as session:
+            uploads = session.execute(
+                select(ItemRow.sha256, ItemRow.mime).where(ItemRow.collection_id == collection_id, ItemRow.path.is_(None))
+            ).all()
+            session.execute(delete(CollectionRow).where(CollectionRow.id == collection_id))
+            orphans = [(sha, mime) for sha, mime in uploads if not self._upload_in_use(session, sha)]
+            session.commit()
+        for sha, mime in orphans:
+            media_file(self.media_dir, sha, mime).unlink(missing_ok=True)
+
+    # --- writes ----------------------------------------------------------------------------------
+    def add(
+        self,
+        collection: CollectionState,
+        rows: list[dict[str, Any]],
+        unit: np.ndarray,
+        replace: Sequence[int | None] | None,
+    ) -> tuple[list[AddResult], int]:
+        """Insert new rows with their (L2-normalised) vectors in one transaction; rows whose sha256 the
+        collection has already are not added again. `replace[i]` names a row row i supersedes (a changed
+        file), deleted in the same transaction. Returns the results and the version written."""
+        with Session(self.engine, expire_on_commit=False) as session:
+            version = _bump_version(session, collection.id)
+            known: dict[str, int] = {}
+            for part in chunks(sorted({row["sha256"] for row in rows})):
+                query = select(ItemRow.sha256, ItemRow.id).where(
+                    ItemRow.collection_id == collection.id, ItemRow.sha256.in_(part)
+                )
+                known.update(list(session.execute(query)))
+            replaced = sorted({int(r) for r in (replace or []) if r is not None})
+            if replaced:
+                # Superseded rows go first so that the unique (collection, sha256) never trips on them.
+                self._delete_rows(session, collection.id, replaced, version, "replaced", remembered=False)
+                known = {sha: i for sha, i in known.items() if i not in replaced}
+            results: list[AddResult] = []
+            new_positions: list[int] = []
+            new_values: list[dict[str, Any]] = []
+            first_of_sha: dict[str, int] = {}  # sha -> index in new_values (duplicates within the batch)
+            now = utcnow()
+            for position, row in enumerate(rows):
+                sha = row["sha256"]
+                if sha in known:
+                    results.append(AddResult(known[sha], False))
+                    continue
+                if sha in first_of_sha:
+                    results.append(AddResult(-1 - first_of_sha[sha], False))  # resolved once ids exist
+                    continue
+                data = row.pop("data", None)
+                if collection.kind == "images" and row.get("path") is None and data is not None:
+                    store_media(self.media_dir, sha, row["mime"], data)
+                first_of_sha[sha] = len(new_values)
+                values = {**_EMPTY_ITEM, **row, "collection_id": collection.id, "version": version}
+                new_values.append({**values, "created_at": now, "updated_at": now})
+                new_positions.append(position)
+                results.append(AddResult(-1 - first_of_sha[sha], True))
+            new_ids: list[int] = []
+            if new_values:
+                # Core bulk inserts (one multi-row INSERT … RETURNING): the ORM unit of work cost ~3 ms a row.
+                insert_items = insert(ItemRow).returning(ItemRow.id, sort_by_parameter_order=True)
+                new_ids = [int(i) for i in session.scalars(insert_items, new_values)]
+                session.execute(
+                    insert(VectorRow),
+                    [
+                        {"item_id": item_id, "model": collection.model, "vector": unit[position].tobytes()}
+                        for item_id, position in zip(new_ids, new_positions, strict=True)
+                    ],
+                )
+                tags = [
+                    {"item_id": item_id, "tag": tag}
+                    for item_id, values in zip(new_ids, new_values, strict=True)
+                    for tag in sorted(set(values["tags"]))
+                ]
+                if tags:
+                    session.execute(insert(ItemTagRow), tags)
+            final = [AddResult(new_ids[-1 - r.id], r.created) if r.id < 0 else r for r in results]
+            session.commit()
+            return final, version
+
+    def update_files(self, collection_id: int, moves: Sequence[tuple[int, str, int, float]]) -> None:
+        """Record (item id, new path, size, mtime) for files renamed or touched without new content."""
+        with Session(self.engine) as session:
+            for item_id, path, size, mtime in moves:
+                session.execute(
+                    update(ItemRow)
+                    .where(ItemRow.id == item_id, ItemRow.collection_id == collection_id)
+                    .values(path=path, size=size, mtime=mtime, updated_at=utcnow())
+                )
+            session.commit()
+
+    def delete(self, item_ids: Sequence[int], reason: str, remembered: bool) -> dict[int, int]:
+        """Delete items of any collections; returns collection id -> how many of its items existed.
+        `remembered` deletions keep `cnclip index` from adding the same bytes again."""
+        removed: dict[int, int] = {}
+        with Session(self.engine) as session:
+            found: list[tuple[int, int]] = []
+            for part in chunks(list(item_ids)):
+                found.extend(session.execute(select(ItemRow.id, ItemRow.collection_id).where(ItemRow.id.in_(part))))
+            orphans: list[tuple[str, str | None]] = []
+            for collection_id in sorted({cid for _, cid in found}):
+                ids = sorted(i for i, cid in found if cid == collection_id)
+                version = _bump_version(session, collection_id)
+                orphans += self._delete_rows(session, collection_id, ids, version, reason, remembered)
+                removed[collection_id] = len(ids)
+            orphans = [(sha, mime) for sha, mime in orphans if not self._upload_in_use(session, sha)]
+            session.commit()
+        for sha, mime in orphans:
+            media_file(self.media_dir, sha, mime).unlink(missing_ok=True)
+        return removed
+
+    def _delete_rows(
+        self, session: Session, collection_id: int, ids: list[int], version: int, reason: str, remembered: bool
+    ) -> list[tuple[str, str | None]]:
+        """Delete `ids` (of one collection) and log each deletion; returns the uploads they had."""
+        uploads: list[tuple[str, str | None]] = []
+        for part in chunks(ids):
+            rows = session.execute(
+                select(ItemRow.id, ItemRow.sha256, ItemRow.path, ItemRow.mime).where(
+                    ItemRow.id.in_(part), ItemRow.collection_id == collection_id
+                )
+            ).all()
+            if not rows:
+                continue
+            now = utcnow()
+            session.execute(
+                insert(DeletedItemRow),
+                [
+                    {
+                        "collection_id": collection_id,
+                        "item_id": item_id,
+                        "version": version,
+                        "reason": reason,
+                        "remembered": remembered,
+                        "sha256": sha,
+                        "path": path,
+                        "deleted_at": now,
+                    }
+                    for item_id, sha, path, _ in rows
+                ],
+            )
+            session.execute(delete(ItemRow).where(ItemRow.id.in_([r[0] for r in rows])))
+            uploads += [(sha, mime) for _, sha, path, mime in rows if path is None]
+        return uploads
+
+    @staticmethod
+    def _upload_in_use(session: Session, sha: str) -> bool:
+        return bool(session.scalar(select(exists().where(ItemRow.sha256 == sha, ItemRow.path.is_(None)))))
+
+    def remembered_deletions(self, collection_id: int) -> set[str]:
+        """sha256 of the items a user deleted from the collection (and did not restore)."""
+        query = select(DeletedItemRow.sha256).where(
+            DeletedItemRow.collection_id == collection_id, DeletedItemRow.remembered
+        )
+        with Session(self.engine) as session:
+            return set(session.scalars(query))
+
+    def forget_deletions(self, collection_id: int) -> int:
+        """`--restore-deleted`: the next index run may add the deleted bytes again."""
+        with Session(self.engine) as session:
+            result = session.execute(
+                update(DeletedItemRow)
+                .where(DeletedItemRow.collection_id == collection_id, DeletedItemRow.remembered)
+                .values(remembered=False)
+            )
+            session.commit()
+            return int(getattr(result, "rowcount", 0) or 0)
+
+    # --- reads -------------------------------------------------------------------------------------
+    def get_many(self, item_ids: Sequence[int]) -> list[ItemRecord]:
+        """Records in the order of `item_ids`; ids that do not exist are left out."""
+        found: dict[int, ItemRecord] = {}
+        with Session(self.engine) as session:
+            for part in chunks(list(item_ids)):
+                query = select(ItemRow, CollectionRow.name, CollectionRow.kind).join(CollectionRow)
+                for item, name, kind in session.execute(query.where(ItemRow.id.in_(part))):
+                    found[item.id] = ItemRecord(
+                        id=item.id,
+                        collection=name,
+                        kind=kind,  # type: ignore[arg-type]
+                        caption=item.caption,
+                        tags=list(item.tags or []),
+                        extra=dict(item.extra or {}),
+                        path=item.path,
+                        root=item.root,
+                        sha256=item.sha256,
+                        size=item.size,
+                        mime=item.mime,
+                        width=item.width,
+                        height=item.height,
+                        mtime=item.mtime,
+                        created_at=aware(item.created_at),
+                        updated_at=aware(item.updated_at),
+                    )
+        return [found[i] for i in item_ids if i in found]
+
+    def file_states(self, collection_id: int) -> dict[str, FileState]:
+        """Path -> state of every bulk-indexed file of the collection (for incremental runs)."""
+        query = select(ItemRow.path, ItemRow.id, ItemRow.sha256, ItemRow.size, ItemRow.mtime).where(
+            ItemRow.collection_id == collection_id, ItemRow.path.is_not(None)
+        )
+        with Session(self.engine) as session:
+            return {str(path): FileState(i, sha, size, mtime) for path, i, sha, size, mtime in session.execute(query)}
+
+    def content_index(self, collection_id: int) -> dict[str, tuple[int, str | None]]:
+        """sha256 -> (item id, path) of every item of the collection (dedupe and rename detection)."""
+        query = select(ItemRow.sha256, ItemRow.id, ItemRow.path).where(ItemRow.collection_id == collection_id)
+        with Session(self.engine) as session:
+            return {sha: (i, path) for sha, i, path in session.execute(query)}
+
+    def ids(self, collection_id: int) -> np.ndarray:
+        """The collection's item ids, sorted."""
+        query = select(ItemRow.id).where(ItemRow.collection_id == collection_id).order_by(ItemRow.id)
+        with Session(self.engine) as session:
+            return np.fromiter(session.scalars(query), dtype=np.int64)
+
+    def changes(self, collection_id: int, since: int, until: int) -> tuple[np.ndarray, np.ndarray]:
+        """(ids added, ids deleted) by the versions in (since, until]."""
+        with Session(self.engine) as session:
+            added = session.scalars(
+                select(ItemRow.id).where(
+                    ItemRow.collection_id == collection_id, ItemRow.version > since, ItemRow.version <= until
+                )
+            )
+            added_ids = np.fromiter(added, dtype=np.int64)
+            deleted = session.scalars(
+                select(DeletedItemRow.item_id).where(
+                    DeletedItemRow.collection_id == collection_id,
+                    DeletedItemRow.version > since,
+                    DeletedItemRow.version <= until,
+                )
+            )
+            deleted_ids = np.fromiter(deleted, dtype=np.int64)
+        return added_ids, deleted_ids
+
+    def vectors(self, ids: np.ndarray | Sequence[int]) -> np.ndarray:
+        """Stored vectors of `ids`, in that order. A row deleted meanwhile gets a zero vector;
+        callers drop it anyway (its id is no longer in SQL)."""
+        found: dict[int, bytes] = {}
+        with Session(self.engine) as session:
+            for part in chunks(ids):
+                query = select(VectorRow.item_id, VectorRow.vector).where(VectorRow.item_id.in_(part))
+                found.update(list(session.execute(query)))
+        dim = len(next(iter(found.values()))) // 4 if found else 0
+        matrix = np.zeros((len(ids), dim), dtype=np.float32)
+        for row, item_id in enumerate(ids):
+            blob = found.get(int(item_id))
+            if blob is not None:
+                matrix[row] = np.frombuffer(blob, dtype=np.float32)
+        return matrix
+
+    def attrs(self, ids: np.ndarray | Sequence[int]) -> list[ItemAttrs]:
+        """The filterable fields of `ids`, in that order (for engines that filter themselves)."""
+        found: dict[int, ItemAttrs] = {}
+        with Session(self.engine) as session:
+            for part in chunks(ids):
+                query = select(ItemRow.id, ItemRow.mime, ItemRow.tags, ItemRow.created_at).where(ItemRow.id.in_(part))
+                for item_id, mime, tags, created in session.execute(query):
+                    found[item_id] = ItemAttrs(mime=mime, tags=tuple(sorted(set(tags or []))), created_at=created)
+        blank = ItemAttrs(mime=None, tags=(), created_at=datetime(1970, 1, 1))
+        return [found.get(int(i), blank) for i in ids]
+
+    def filter_ids(self, collection_id: int, filters: SearchFilters) -> np.ndarray:
+        """Ids of the collection's items that pass `filters` (the FAISS engine's allow-list)."""
+        query = select(ItemRow.id).where(ItemRow.collection_id == collection_id)
+        if filters.mime:
+            query = query.where(ItemRow.mime.in_(filters.mime))
+        if filters.date_from:
+            query = query.where(ItemRow.created_at >= naive_utc(filters.date_from))
+        if filters.date_to:
+            query = query.where(ItemRow.created_at <= naive_utc(filters.date_to))
+        for tag in sorted(set(filters.tags or [])):
+            query = query.where(exists().where(ItemTagRow.item_id == ItemRow.id, ItemTagRow.tag == tag))
+        with Session(self.engine) as session:
+            return np.fromiter(session.scalars(query), dtype=np.int64)
+
+
+def text_sha(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
