@@ -19,8 +19,8 @@ from api.label_store import LabelSetStore
 from api.limits import FORM_OVERHEAD, BodySizeLimitMiddleware
 from api.metrics import RequestMetricsMiddleware, ServiceMetrics
 from api.routes import classify, collections, embed, health, items, label_sets, search
-from api.searching import CollectionDirectory
 from indexer.catalog import open_catalog
+from indexer.service import collection_service
 from indexer.types import Catalog
 from retrieval.config import Settings
 from retrieval.encoder import create_encoder
@@ -47,6 +47,7 @@ def create_app(settings: Settings, encoder: Encoder | None = None, catalog: Cata
             assert enc is not None
             app.state.catalog = cat
             app.state.encoder = enc
+            app.state.service = collection_service(cat, enc, settings)  # type: ignore[arg-type]
             app.state.zeroshot = ZeroShotClassifier(enc)
             try:
                 if not enc.ready:
@@ -59,6 +60,7 @@ def create_app(settings: Settings, encoder: Encoder | None = None, catalog: Cata
         finally:
             app.state.encoder = None
             app.state.catalog = None
+            app.state.service = None
             if own_catalog and cat is not None:
                 await run_blocking(cat.close)
 
@@ -72,7 +74,7 @@ def create_app(settings: Settings, encoder: Encoder | None = None, catalog: Cata
     app.state.metrics = metrics
     app.state.encoder = None
     app.state.catalog = None
-    app.state.collections = CollectionDirectory()
+    app.state.service = None
     app.state.label_sets = LabelSetStore(settings.data_dir / "label_sets.json")
     app.state.thumbs_dir = settings.data_dir / "thumbs"
 

@@ -12,7 +12,7 @@ from fastapi import Depends, Request
 from api.blocking import run_blocking as run_blocking  # re-exported for the routes
 from api.label_store import LabelSetStore
 from api.metrics import ServiceMetrics
-from api.searching import CollectionDirectory
+from indexer.service import CollectionService
 from indexer.types import Catalog
 from retrieval.config import Settings
 from retrieval.errors import EncoderUnavailable, Unauthorized
@@ -45,8 +45,11 @@ async def _label_sets(request: Request) -> LabelSetStore:
     return request.app.state.label_sets
 
 
-async def _collections(request: Request) -> CollectionDirectory:
-    return request.app.state.collections
+async def _collections(request: Request) -> CollectionService:
+    service = getattr(request.app.state, "service", None)
+    if service is None:
+        raise EncoderUnavailable("the catalog is not open yet; retry in a moment")
+    return service
 
 
 def _presented_key(request: Request) -> str | None:
@@ -85,6 +88,6 @@ EncoderDep = Annotated[Encoder, Depends(_encoder)]
 CatalogDep = Annotated[Catalog, Depends(_catalog)]
 MetricsDep = Annotated[ServiceMetrics, Depends(_metrics)]
 LabelSetsDep = Annotated[LabelSetStore, Depends(_label_sets)]
-CollectionsDep = Annotated[CollectionDirectory, Depends(_collections)]
+CollectionsDep = Annotated[CollectionService, Depends(_collections)]
 ReadAccess = Depends(require_read_key)
 WriteAccess = Depends(require_write_key)

@@ -8,6 +8,8 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
+from indexer.names import COLLECTION_NAME_PATTERN
+
 MAX_QUERY_CHARS = 512
 MAX_K = 200
 MAX_LABELS = 100
@@ -18,14 +20,14 @@ MAX_EMBED_IMAGES = 32
 MAX_TEXTS_PER_REQUEST = 1000
 MAX_TAGS = 50
 
-# A collection or label-set name: letters (any script), digits, '_', '-', '.'.
+# A label-set name: letters (any script), digits, '_', '-', '.'. Collection names: indexer/names.py.
 NAME_PATTERN = r"^[\w.\-]{1,64}$"
 
 Query = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_QUERY_CHARS)]
 Label = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_LABEL_CHARS)]
 Tag = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=64)]
 Template = Annotated[str, StringConstraints(min_length=1, max_length=200)]
-CollectionName = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
+CollectionName = Annotated[str, StringConstraints(pattern=COLLECTION_NAME_PATTERN)]
 
 
 class StrictModel(BaseModel):
@@ -50,6 +52,8 @@ class SearchResult(BaseModel):
     id: int
     score: float = Field(description="Cosine similarity, -1..1.")
     caption: str | None
+    filename: str | None = Field(None, description="File name of an indexed file (None for uploads and texts).")
+    path: str | None = Field(None, description="Path relative to the folder that was indexed, when known.")
     tags: list[str]
     image_url: str | None = Field(description="None for text items.")
     thumbnail_url: str | None
@@ -103,6 +107,8 @@ class ItemOut(BaseModel):
     collection: str
     kind: Literal["images", "texts"]
     caption: str | None
+    filename: str | None = Field(None, description="File name of an indexed file (None for uploads and texts).")
+    path: str | None = Field(None, description="Path relative to the folder that was indexed, when known.")
     tags: list[str]
     mime: str | None
     size: int | None

@@ -27,6 +27,7 @@ from PIL import Image
 
 from indexer.catalog import open_catalog
 from indexer.pipeline import ImageIndexer
+from indexer.service import collection_service
 from retrieval.config import Settings
 from retrieval.encoder import create_encoder
 from retrieval.types import Encoder
@@ -57,7 +58,7 @@ async def pipeline(settings: Settings, encoder: Encoder, folder: Path, data_dir:
     catalog = open_catalog(settings.model_copy(update={"data_dir": data_dir, "database_url": None}))
     try:
         indexer = ImageIndexer(
-            catalog,
+            collection_service(catalog, encoder, settings),
             encoder,
             "bench",
             batch_size=settings.index_batch_size,

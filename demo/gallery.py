@@ -121,6 +121,7 @@ async def index_demo(settings: Settings, files: DemoFiles, progress: bool = True
     from indexer.catalog import open_catalog
     from indexer.pipeline import ImageIndexer, index_texts
     from indexer.progress import IndexProgress
+    from indexer.service import collection_service
     from indexer.texts import read_texts
     from retrieval.encoder import create_encoder
 
@@ -129,8 +130,9 @@ async def index_demo(settings: Settings, files: DemoFiles, progress: bool = True
     try:
         replaced = await asyncio.to_thread(_drop_other_models, catalog, encoder.model_id)
         await encoder.start()
+        service = collection_service(catalog, encoder, settings)
         indexer = ImageIndexer(
-            catalog,
+            service,
             encoder,
             IMAGE_COLLECTION,
             batch_size=settings.index_batch_size,
@@ -143,7 +145,7 @@ async def index_demo(settings: Settings, files: DemoFiles, progress: bool = True
         else:
             summary = await indexer.run(files.manifest)
         texts = read_texts(files.texts)
-        added, existing = await index_texts(catalog, encoder, TEXT_COLLECTION, texts, batch_size=max(settings.buckets))
+        added, existing = await index_texts(service, encoder, TEXT_COLLECTION, texts, batch_size=max(settings.buckets))
     finally:
         await encoder.close()
         await asyncio.to_thread(catalog.close)

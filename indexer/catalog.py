@@ -25,7 +25,7 @@ from sqlalchemy import Engine
 from indexer.media import media_file
 from indexer.names import check_collection_name, collection_key
 from indexer.rows import CollectionState, FileState, ItemRows, text_sha
-from indexer.sync import StoreSync
+from indexer.sync import Progress, StoreSync
 from indexer.types import (
     AddResult,
     CollectionInfo,
@@ -199,12 +199,18 @@ class SqlCatalog:
         self, collection: str, texts: Sequence[NewText], vectors: np.ndarray, *, model: str | None = None
     ) -> list[AddResult]:
         """Add texts with their vectors; a text the collection has already is not added again."""
-        rows = []
+        rows: list[dict[str, Any]] = []
         for text in texts:
             if not text.text.strip():
                 raise InvalidInput("texts must not be empty")
-            rows.append({"sha256": text_sha(text.text), "caption": text.text, "tags": list(text.tags)})
-            rows[-1]["extra"] = dict(text.extra)
+            rows.append(
+                {
+                    "sha256": text_sha(text.text),
+                    "caption": text.text,
+                    "tags": list(text.tags),
+                    "extra": dict(text.extra),
+                }
+            )
         return self._add(collection, "texts", rows, vectors, model, None)
 
     def _add(
@@ -337,16 +343,27 @@ class SqlCatalog:
                 self._stores.pop(stale)  # the name now belongs to a collection made since
             sync = self._stores.get(state.id)
             if sync is None:
-                spec = _spec(state)
-                store = self.vectors.open(
-                    spec, self.rows.vectors, lambda filters: self.rows.filter_ids(state.id, filters)
-                )
+                store = self.vectors.open(_spec(state), self.rows.vectors, lambda f: self.rows.filter_ids(state.id, f))
                 sync = StoreSync(self.rows, store, state)
                 with sync.lock:
                     sync.reconcile()
                     sync.checked = time.monotonic()
                 self._stores[state.id] = sync
             return sync
+
+    def rebuild(self, name: str, on_progress: Progress | None = None) -> int:
+        """Drop the collection's engine data and fill it again from SQL (`cnclip reindex`)."""
+        state = self.rows.collection(name)
+        with self._stores_lock:
+            self._stores.pop(state.id, None)
+            self.vectors.drop(_spec(state))
+            store = self.vectors.open(_spec(state), self.rows.vectors, lambda f: self.rows.filter_ids(state.id, f))
+            sync = StoreSync(self.rows, store, state)
+            with sync.lock:
+                sync.reconcile(on_progress)
+                sync.checked = time.monotonic()
+            self._stores[state.id] = sync
+        return sync.store.count()
 
     def reconcile_all(self) -> None:
         """Open every collection's store and make it agree with SQL (one log line per repair)."""

@@ -76,12 +76,22 @@ def register(app: typer.Typer) -> None:
         ] = None,
         index_factory: Annotated[
             str | None,
-            typer.Option("--index", help="FAISS factory for a new collection (default CNCLIP_INDEX_FACTORY)."),
+            typer.Option("--index", help="Index for a new collection (default CNCLIP_INDEX_FACTORY)."),
         ] = None,
+        restore_deleted: Annotated[
+            bool,
+            typer.Option("--restore-deleted", help="Index again the files whose items a user deleted."),
+        ] = False,
     ) -> None:
-        """Index the images of a folder or manifest: incremental, resumable, bad files reported."""
+        """Index the images of a folder or manifest: incremental, resumable, bad files reported.
+        Items deleted by a user stay deleted unless --restore-deleted."""
+        from indexer.names import check_collection_name
+
+        check_collection_name(collection)
         settings = _settings()
-        summary = asyncio.run(_index(settings, source, collection, prune, dry_run, batch_size, index_factory))
+        summary = asyncio.run(
+            _index(settings, source, collection, prune, dry_run, batch_size, index_factory, restore_deleted)
+        )
         _print_summary(summary, dry_run)
         if summary.failures:
             path = report or settings.data_dir / "reports" / f"index-{collection}-{_stamp()}.jsonl"
@@ -98,8 +108,10 @@ def register(app: typer.Typer) -> None:
         collection: Annotated[str, typer.Option("--collection", "-c", help="Text collection to fill.")],
     ) -> None:
         """Build a text collection (captions, tags) for image → text search."""
+        from indexer.names import check_collection_name
         from indexer.texts import read_texts
 
+        check_collection_name(collection)
         settings = _settings()
         texts = read_texts(file)
         added, existing = asyncio.run(_index_texts(settings, collection, texts))
@@ -108,28 +120,49 @@ def register(app: typer.Typer) -> None:
     @app.command("stats")
     @_friendly_errors
     def stats(as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False) -> None:
-        """Per collection: SQL items and FAISS vectors (equal when consistent), model and index."""
+        """Per collection: SQL items and engine vectors (equal when consistent), deletions remembered,
+        model and index."""
         from indexer.catalog import open_catalog
 
         catalog = open_catalog(_settings())
         try:
-            infos = catalog.list_collections()
+            rows = [
+                {
+                    "name": i.name,
+                    "kind": i.kind,
+                    "items": i.items,
+                    "vectors": i.vectors,
+                    "deleted": catalog.remembered_count(i.name),
+                    "model": i.model,
+                    "index": i.index,
+                }
+                for i in catalog.list_collections()
+            ]
         finally:
             catalog.close()
-        rows = [
-            {"name": i.name, "kind": i.kind, "items": i.items, "vectors": i.vectors, "model": i.model, "index": i.index}
-            for i in infos
-        ]
         if as_json:
             typer.echo(json.dumps({"collections": rows}, ensure_ascii=False))
             return
         from rich.console import Console
         from rich.table import Table
 
-        table = Table("name", "kind", "items", "vectors", "model", "index")
+        columns = ("name", "kind", "items", "vectors", "deleted", "model", "index")
+        table = Table(*columns)
         for row in rows:
-            table.add_row(*(str(row[key]) for key in ("name", "kind", "items", "vectors", "model", "index")))
+            table.add_row(*(str(row[key]) for key in columns))
         Console().print(table if rows else "no collections yet: `cnclip index FOLDER --collection NAME`")
+
+    @app.command("reindex")
+    @_friendly_errors
+    def reindex(
+        collection: Annotated[str, typer.Option("--collection", "-c", help="Collection whose vectors to rebuild.")],
+    ) -> None:
+        """Rebuild a collection's vector store (FAISS file or Milvus collection) from the vectors in SQL."""
+        from indexer.names import check_collection_name
+
+        check_collection_name(collection)
+        count = _reindex(_settings(), collection)
+        typer.echo(f"{collection}: vector store rebuilt from SQL, {count} vectors")
 
     @app.command("search")
     @_friendly_errors
@@ -150,6 +183,18 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"{rank:3d}  {hit['score']:.4f}  #{hit['id']}  {hit['path'] or hit['caption'] or ''}")
 
 
+def _reindex(settings: Settings, collection: str) -> int:
+    from indexer.catalog import open_catalog
+    from indexer.progress import rebuild_progress
+
+    catalog = open_catalog(settings, open_stores=False)
+    try:
+        with rebuild_progress(collection) as progress:
+            return catalog.rebuild(collection, on_progress=progress)
+    finally:
+        catalog.close()
+
+
 async def _index(
     settings: Settings,
     source: Path,
@@ -158,11 +203,17 @@ async def _index(
     dry_run: bool,
     batch_size: int | None,
     index_factory: str | None,
+    restore_deleted: bool = False,
 ) -> IndexSummary:
     from indexer.catalog import open_catalog
     from indexer.pipeline import ImageIndexer
     from indexer.progress import IndexProgress
+    from indexer.service import collection_service
     from retrieval.encoder import create_encoder
+    from retrieval.errors import InvalidInput
+
+    if not source.exists():
+        raise InvalidInput(f"{source} does not exist")
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -173,19 +224,25 @@ async def _index(
         stop.set()
         loop.remove_signal_handler(signal.SIGINT)
 
-    catalog = await asyncio.to_thread(open_catalog, settings)
+    # A writer: vector stores are opened when it flushes, at the end (a server running meanwhile
+    # catches up from SQL by itself).
+    catalog = await asyncio.to_thread(open_catalog, settings, open_stores=False)
     encoder = create_encoder(settings)
     loop.add_signal_handler(signal.SIGINT, on_sigint)
     try:
+        service = collection_service(catalog, encoder, settings)
+        if not dry_run:
+            await asyncio.to_thread(service.ensure, collection, "images", index_factory)  # before the model loads
         await encoder.start()
         indexer = ImageIndexer(
-            catalog,
+            service,
             encoder,
             collection,
             batch_size=batch_size or settings.index_batch_size,
             read_threads=settings.index_read_threads,
             inflight=max(2, settings.streams + 1),
             index_factory=index_factory,
+            restore_deleted=restore_deleted,
         )
         with IndexProgress(collection) as progress:
             return await indexer.run(source, prune=prune, dry_run=dry_run, stop=stop, on_progress=progress.update)
@@ -198,13 +255,16 @@ async def _index(
 async def _index_texts(settings: Settings, collection: str, texts: list[Any]) -> tuple[int, int]:
     from indexer.catalog import open_catalog
     from indexer.pipeline import index_texts
+    from indexer.service import collection_service
     from retrieval.encoder import create_encoder
 
-    catalog = await asyncio.to_thread(open_catalog, settings)
+    catalog = await asyncio.to_thread(open_catalog, settings, open_stores=False)
     encoder = create_encoder(settings)
     try:
+        service = collection_service(catalog, encoder, settings)
+        await asyncio.to_thread(service.ensure, collection, "texts")
         await encoder.start()
-        return await index_texts(catalog, encoder, collection, texts, batch_size=max(settings.buckets))
+        return await index_texts(service, encoder, collection, texts, batch_size=max(settings.buckets))
     finally:
         await encoder.close()
         await asyncio.to_thread(catalog.close)
@@ -212,28 +272,19 @@ async def _index_texts(settings: Settings, collection: str, texts: list[Any]) ->
 
 async def _search(settings: Settings, text: str, collection: str | None, k: int) -> tuple[str, list[dict[str, Any]]]:
     from indexer.catalog import open_catalog
+    from indexer.service import collection_service
     from retrieval.encoder import create_encoder
-    from retrieval.errors import Conflict, NotFound
-    from retrieval.manifest import same_model
 
-    catalog = await asyncio.to_thread(open_catalog, settings)
+    catalog = await asyncio.to_thread(open_catalog, settings, open_stores=False)
     encoder = create_encoder(settings)
     try:
-        info = catalog.get_collection(collection) if collection else catalog.default_collection("images")
-        if info is None:
-            raise NotFound("no image collection yet: `cnclip index FOLDER --collection NAME`")
-        if not same_model(info.model, encoder.model_id):
-            raise Conflict(
-                f"collection {info.name!r} was embedded with {info.model!r}, the encoder is {encoder.model_id!r}"
-            )
+        service = collection_service(catalog, encoder, settings)
+        await asyncio.to_thread(service.resolve, collection, "images")  # before the model loads
         await encoder.start()
         vector = (await encoder.embed_texts([text]))[0]
-        hits = catalog.search(info.name, vector, k)
-        records = {r.id: r for r in catalog.get_many([h.id for h in hits])}
+        info, found = await asyncio.to_thread(service.search, collection, "images", vector, k)
         results = [
-            {"id": h.id, "score": round(h.score, 6), "path": records[h.id].path, "caption": records[h.id].caption}
-            for h in hits
-            if h.id in records
+            {"id": f.item.id, "score": round(f.score, 6), "path": f.item.path, "caption": f.item.caption} for f in found
         ]
         return info.name, results
     finally:
@@ -263,7 +314,7 @@ def _print_summary(summary: IndexSummary, dry_run: bool) -> None:
         typer.echo(
             f"indexed {summary.added} new, {summary.changed} changed, {summary.renamed} renamed; "
             f"skipped {summary.skipped} (unchanged {summary.unchanged}, duplicates {summary.duplicates}, "
-            f"not images {summary.not_images}); failed {len(summary.failures)}; pruned {summary.pruned}; "
+            f"not images {summary.not_images}, deleted earlier {summary.deleted_before}); failed {len(summary.failures)}; pruned {summary.pruned}; "
             f"{summary.seconds:.1f} s, {rate:.1f} images/s"
         )
     for where, why in summary.failures[:SHOWN_FAILURES]:

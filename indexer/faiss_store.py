@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Literal
 
 import faiss
 import numpy as np
@@ -113,9 +114,7 @@ class FaissStore:
         if time.monotonic() - self._dirty_since >= self.save_interval_s:
             self._save_locked()
 
-    def search(
-        self, query: np.ndarray, k: int, filters: SearchFilters | None = None
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def search(self, query: np.ndarray, k: int, filters: SearchFilters | None = None) -> tuple[np.ndarray, np.ndarray]:
         allowed = self.filter_ids(filters) if filters is not None and has_filters(filters) else None
         if allowed is not None and len(allowed) == 0:
             return np.empty(0, np.int64), np.empty(0, np.float32)
@@ -144,7 +143,7 @@ class FaissStore:
 class FaissEngine:
     """`VectorEngine` keeping one FAISS file per collection under `index_dir`."""
 
-    name = "faiss"
+    name: Literal["faiss"] = "faiss"
 
     def __init__(self, index_dir: Path, tuning: SearchTuning, save_interval_s: float) -> None:
         self.index_dir = index_dir

@@ -87,7 +87,9 @@ class ItemRow(Base):
     mtime: Mapped[float | None] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(DateTime(), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(), default=utcnow, onupdate=utcnow)
-    version: Mapped[int] = mapped_column(BigInteger, default=0)  # the collection version that added it
+    version: Mapped[int] = mapped_column(
+        BigInteger, default=0, server_default="0"
+    )  # the collection version that added it
 
 
 class DeletedItemRow(Base):

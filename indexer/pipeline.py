@@ -23,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from indexer.catalog import FileState, SqlCatalog
+from indexer.rows import FileState
+from indexer.service import CollectionService
 from indexer.sources import SourceEntry, load_entries, looks_like_image
 from indexer.types import NewImage, NewText
 from retrieval.errors import InvalidImage, NotFound
@@ -44,6 +45,7 @@ class IndexSummary:
     unchanged: int = 0
     duplicates: int = 0  # same bytes as another file of the collection
     not_images: int = 0  # folder files that are not images at all (not reported as failures)
+    deleted_before: int = 0  # bytes a user deleted from the collection: not added again
     pruned: int = 0
     would_index: int = 0  # --dry-run: files that would be read and (re-)embedded
     would_prune: int = 0
@@ -54,7 +56,7 @@ class IndexSummary:
 
     @property
     def skipped(self) -> int:
-        return self.unchanged + self.duplicates + self.not_images
+        return self.unchanged + self.duplicates + self.not_images + self.deleted_before
 
     @property
     def done(self) -> int:
@@ -78,11 +80,12 @@ ProgressCallback = Callable[[IndexSummary], None]
 
 
 class ImageIndexer:
-    """Indexes a folder or manifest into one image collection of a catalog with any `Encoder`."""
+    """Indexes a folder or manifest into one image collection with any `Encoder`, through the
+    collection service (which checks the collection's kind and model)."""
 
     def __init__(
         self,
-        catalog: SqlCatalog,
+        service: CollectionService,
         encoder: Encoder,
         collection: str,
         *,
@@ -90,14 +93,18 @@ class ImageIndexer:
         read_threads: int = 2,
         inflight: int = 2,
         index_factory: str | None = None,
+        restore_deleted: bool = False,
     ) -> None:
-        self.catalog = catalog
+        self.service = service
+        self.catalog = service.catalog
         self.encoder = encoder
         self.collection = collection
         self.batch_size = batch_size
         self.read_threads = read_threads
         self.inflight = inflight
         self.index_factory = index_factory
+        self.restore_deleted = restore_deleted
+        self.root: str | None = None
 
     async def run(
         self,
@@ -112,6 +119,7 @@ class ImageIndexer:
         stop = stop or asyncio.Event()
         report = on_progress or (lambda _summary: None)
         entries, problems = load_entries(source)
+        self.root = str(source.resolve()) if source.is_dir() else None
         summary = IndexSummary(total=len(entries) + len(problems), failures=list(problems))
         if dry_run:
             states = self._states_if_exists()
@@ -120,9 +128,10 @@ class ImageIndexer:
             summary.would_prune = sum(1 for path in states if prune and not os.path.exists(path))
             summary.seconds = time.perf_counter() - started
             return summary
-        self.catalog.ensure_collection(
-            self.collection, "images", self.encoder.model_id, self.encoder.dim, self.index_factory
-        )
+        self.service.ensure(self.collection, "images", self.index_factory)
+        if self.restore_deleted:
+            restored = self.catalog.forget_deletions(self.collection)
+            log.info("%s: %d deleted items may be indexed again", self.collection, restored)
         todo = self._plan(entries, self.catalog.file_states(self.collection), summary)
         report(summary)
         await self._index(todo, summary, stop, report)
@@ -160,7 +169,7 @@ class ImageIndexer:
 
     def _prune(self) -> int:
         gone = [s.id for path, s in self.catalog.file_states(self.collection).items() if not os.path.exists(path)]
-        return self.catalog.delete(gone) if gone else 0
+        return self.catalog.delete(gone, reason="pruned") if gone else 0
 
     # --- stages ------------------------------------------------------------------------------
     async def _read(
@@ -211,6 +220,7 @@ class ImageIndexer:
         report: ProgressCallback,
     ) -> None:
         contents = self.catalog.content_index(self.collection)
+        deleted = self.catalog.remembered_deletions(self.collection)
         queue: asyncio.Queue[tuple[str, object] | None] = asyncio.Queue(maxsize=self.inflight)
 
         async def produce() -> None:
@@ -218,6 +228,9 @@ class ImageIndexer:
             pending_shas: set[str] = set()
             try:
                 async for prepared in self._read(todo, summary, stop):
+                    if prepared.sha256 in deleted and prepared.replaces is None:
+                        summary.deleted_before += 1  # a user deleted these bytes: they stay deleted
+                        continue
                     known = contents.get(prepared.sha256)
                     if known is None and prepared.sha256 not in pending_shas:
                         pending_shas.add(prepared.sha256)
@@ -273,7 +286,7 @@ class ImageIndexer:
         if updates:
             self.catalog.update_files(self.collection, updates)
         if deletes:
-            self.catalog.delete(deletes)
+            self.catalog.delete(deletes, reason="replaced")
 
     def _commit(self, batch: list[_Prepared], vectors: np.ndarray, summary: IndexSummary) -> None:
         if not batch:
@@ -282,6 +295,7 @@ class ImageIndexer:
             NewImage(
                 data=p.data,
                 path=str(p.entry.path),
+                root=self.root,
                 caption=p.entry.caption,
                 tags=list(p.entry.tags),
                 extra=dict(p.entry.extra),
@@ -294,7 +308,7 @@ class ImageIndexer:
             for p in batch
         ]
         replaces = [p.replaces for p in batch]
-        self.catalog.add_images(self.collection, images, vectors, model=self.encoder.model_id, replace=replaces)
+        self.service.add_images(self.collection, images, vectors, replace=replaces)
         summary.embedded += len(batch)
         summary.changed += sum(1 for r in replaces if r is not None)
         summary.added += sum(1 for r in replaces if r is None)
@@ -319,7 +333,7 @@ def _read_file(entry: SourceEntry, state: FileState | None) -> _Prepared | tuple
 
 
 async def index_texts(
-    catalog: SqlCatalog,
+    service: CollectionService,
     encoder: Encoder,
     collection: str,
     texts: list[NewText],
@@ -329,14 +343,15 @@ async def index_texts(
     on_progress: Callable[[int, int], None] | None = None,
 ) -> tuple[int, int]:
     """Embed and add texts (a text collection for image → text); returns (added, already there)."""
-    catalog.ensure_collection(collection, "texts", encoder.model_id, encoder.dim, index_factory)
+    service.ensure(collection, "texts", index_factory)
+    catalog = service.catalog
     known = set(catalog.content_index(collection))
     fresh = [t for t in texts if hashlib.sha256(t.text.encode("utf-8")).hexdigest() not in known]
     added = 0
     for start in range(0, len(fresh), batch_size):
         batch = fresh[start : start + batch_size]
         vectors = await encoder.embed_texts([t.text for t in batch])
-        results = await asyncio.to_thread(catalog.add_texts, collection, batch, vectors, model=encoder.model_id)
+        results = await asyncio.to_thread(service.add_texts, collection, batch, vectors)
         added += sum(r.created for r in results)
         if on_progress:
             on_progress(len(batch), added)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import TracebackType
 from typing import TYPE_CHECKING
 
@@ -48,3 +50,15 @@ class IndexProgress:
             skipped=summary.skipped,
             failed=len(summary.failures),
         )
+
+
+@contextmanager
+def rebuild_progress(collection: str) -> Iterator[Callable[[int, int], None]]:
+    """A bar for `cnclip reindex`: yields `update(done, total)`."""
+    progress = Progress(
+        TextColumn(f"[bold]{collection}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+        console=Console(stderr=True),
+    )  # fmt: skip
+    task = progress.add_task("reindex", total=None)
+    with progress:
+        yield lambda done, total: progress.update(task, completed=done, total=total)

@@ -26,7 +26,7 @@ from indexer.models import CollectionRow, DeletedItemRow, ItemRow, ItemTagRow, V
 from indexer.names import collection_key
 from indexer.types import AddResult, CollectionKind, ItemRecord, SearchFilters
 from indexer.vector_store import ItemAttrs
-from retrieval.errors import Conflict, InvalidInput, NotFound
+from retrieval.errors import Conflict, NotFound
 
 IN_CHUNK = 5000  # ids per SQL IN (...) list; SQLite allows 32766 variables
 
@@ -158,7 +158,9 @@ class ItemRows:
         """The collection and all its rows (cascades), upload copies no other row uses."""
         with Session(self.engine) as session:
             uploads = session.execute(
-                select(ItemRow.sha256, ItemRow.mime).where(ItemRow.collection_id == collection_id, ItemRow.path.is_(None))
+                select(ItemRow.sha256, ItemRow.mime).where(
+                    ItemRow.collection_id == collection_id, ItemRow.path.is_(None)
+                )
             ).all()
             session.execute(delete(CollectionRow).where(CollectionRow.id == collection_id))
             orphans = [(sha, mime) for sha, mime in uploads if not self._upload_in_use(session, sha)]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -25,6 +26,7 @@ from indexer.vector_store import VectorStore
 log = logging.getLogger(__name__)
 
 CHUNK = 20_000  # vectors fetched from SQL per step when a store is filled
+Progress = Callable[[int, int], None]  # (vectors added so far, vectors to add)
 
 
 def _summary(ids: np.ndarray) -> tuple[int, int, int]:
@@ -42,7 +44,7 @@ class StoreSync:
         self.checked = 0.0  # monotonic time of the last version check
         self.lock = threading.Lock()  # one reconcile / catch-up at a time
 
-    def reconcile(self) -> None:
+    def reconcile(self, on_progress: Progress | None = None) -> None:
         """Make the store hold exactly SQL's ids (call with `lock` held)."""
         fresh = self.rows.collection_by_id(self.state.id)
         version = fresh.version if fresh is not None else self.state.version  # read before the ids
@@ -56,7 +58,7 @@ class StoreSync:
         stale = np.setdiff1d(store_ids, sql_ids)
         missing = np.setdiff1d(sql_ids, store_ids)
         self.store.remove(stale)
-        self._add(missing)
+        self._add(missing, on_progress)
         self.store.save()
         self.seen = version
         log.info(
@@ -77,7 +79,7 @@ class StoreSync:
         self.seen = version
         return len(added) + len(deleted)
 
-    def _add(self, ids: np.ndarray) -> None:
+    def _add(self, ids: np.ndarray, on_progress: Progress | None = None) -> None:
         for start in range(0, len(ids), CHUNK):
             part = ids[start : start + CHUNK]
             vectors = self.rows.vectors(part)
@@ -85,3 +87,5 @@ class StoreSync:
             if not kept.all():
                 part, vectors = part[kept], vectors[kept]
             self.store.upsert(part, vectors, self.rows.attrs(part))
+            if on_progress:
+                on_progress(min(start + CHUNK, len(ids)), len(ids))

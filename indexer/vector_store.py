@@ -53,9 +53,7 @@ class VectorStore(Protocol):
     def remove(self, ids: np.ndarray) -> None:
         """Remove these ids; ids not held are ignored."""
 
-    def search(
-        self, query: np.ndarray, k: int, filters: SearchFilters | None = None
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def search(self, query: np.ndarray, k: int, filters: SearchFilters | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Top `k` (ids, cosine scores) for one L2-normalised query, among the items passing `filters`
         (never fewer than k when at least k items pass)."""
 
@@ -71,7 +69,8 @@ class VectorStore(Protocol):
 
 
 class VectorEngine(Protocol):
-    name: EngineName
+    @property
+    def name(self) -> EngineName: ...
 
     def validate(self, factory: str, dim: int) -> None:
         """`InvalidInput` when this engine cannot build `factory` for `dim`-d vectors."""

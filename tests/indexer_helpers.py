@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from PIL import Image
@@ -14,6 +15,7 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
 from indexer.catalog import SqlCatalog, open_catalog
+from indexer.service import CollectionService, ModelIdentity
 from retrieval.config import Settings
 
 
@@ -38,6 +40,27 @@ def catalog_settings(data_dir: Path, database_url: str, **overrides: object) -> 
 
 def open_test_catalog(data_dir: Path, database_url: str, **overrides: object) -> SqlCatalog:
     return open_catalog(catalog_settings(data_dir, database_url, **overrides))
+
+
+def faiss_file(settings: Settings, collection_id: int) -> Path:
+    """Where the FAISS engine keeps a collection's file for these settings (without opening it)."""
+    from indexer.engines import open_vector_engine
+    from indexer.faiss_store import FaissEngine
+    from indexer.vector_store import StoreSpec
+
+    engine = open_vector_engine(settings, settings.sqlalchemy_url)
+    assert isinstance(engine, FaissEngine)
+    return engine.path(StoreSpec(collection_id, "", 1, "Flat", "", ""))
+
+
+def faiss_index(catalog: SqlCatalog, name: str) -> Any:
+    """The in-memory `VectorIndex` of a collection of a FAISS catalog."""
+    return catalog.store(name).store.index  # type: ignore[attr-defined]
+
+
+def service_for(catalog: SqlCatalog, encoder: Any, **options: Any) -> CollectionService:
+    """The collection service for `encoder`'s model over `catalog`."""
+    return CollectionService(catalog, ModelIdentity(encoder.model_id, encoder.dim), **options)
 
 
 def random_unit(n: int, dim: int, seed: int = 0) -> np.ndarray:

@@ -16,12 +16,11 @@ import numpy as np
 import pytest
 from sqlalchemy import create_engine
 
-from indexer.catalog import SqlCatalog
 from indexer.db import create_db_engine
 from indexer.vector_index import VectorIndex
 from retrieval.config import Settings
 from retrieval.encoder import create_encoder
-from tests.indexer_helpers import cli_env, committed_items, jpeg, open_test_catalog, start_cli, write_images
+from tests.indexer_helpers import cli_env, committed_items, faiss_file, jpeg, open_test_catalog, start_cli, write_images
 
 GOOD_FILES = 48
 
@@ -62,7 +61,7 @@ def check_consistent(tmp_path: Path, database_url: str, good: list[Path], toy_mo
     info = catalog.get_collection("photos")
     sql_ids = catalog.sql_ids("photos")
     catalog.engine.dispose()
-    path = SqlCatalog(create_db_engine(settings.sqlalchemy_url), settings.data_dir)._index_path(info.id)
+    path = faiss_file(settings, info.id)
     saved = VectorIndex.load(path, info.dim, info.index, info.model)
     assert np.array_equal(np.sort(saved.ids()), sql_ids)
 

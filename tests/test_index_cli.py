@@ -17,6 +17,7 @@ from retrieval.manifest import ModelManifest
 from tests.indexer_helpers import (
     catalog_settings,
     cli_env,
+    faiss_file,
     open_test_catalog,
     start_cli,
     wait_for_items,
@@ -48,7 +49,7 @@ def test_index_stats_search_and_texts(tmp_path: Path, database_url: str, toy_mod
     assert stats.exit_code == 0, stats.output
     assert json.loads(stats.output.strip().splitlines()[-1]) == {
         "collections": [
-            {"name": "photos", "kind": "images", "items": 10, "vectors": 10, "model": model, "index": "Flat"}
+            {"name": "photos", "kind": "images", "items": 10, "vectors": 10, "deleted": 0, "model": model, "index": "Flat"}
         ]
     }
 
@@ -102,9 +103,7 @@ def test_ctrl_c_stops_cleanly_and_a_rerun_resumes(tmp_path: Path, database_url: 
     catalog.engine.dispose()
     assert 4 <= len(sql_ids) < 80
     settings = catalog_settings(tmp_path / "data", database_url)
-    from indexer.catalog import SqlCatalog
-
-    on_disk = SqlCatalog(create_db_engine(settings.sqlalchemy_url), settings.data_dir)._index_path(info.id)
+    on_disk = faiss_file(settings, info.id)
     saved = VectorIndex.load(on_disk, info.dim, info.index, info.model)
     assert np.array_equal(np.sort(saved.ids()), sql_ids)
 

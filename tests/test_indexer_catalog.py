@@ -87,9 +87,9 @@ def test_delete_collection_removes_its_items_and_index_only(catalog: SqlCatalog)
     ids = add_photos(catalog, 4)
     kept = add_photos(catalog, 2, start=20, name="kept")
     catalog.flush()
-    index_files = set(catalog.index_dir.glob("*.faiss"))
+    index_files = set(catalog.vectors.index_dir.glob("*.faiss"))
     assert catalog.delete_collection("photos") == 4
-    assert len(set(catalog.index_dir.glob("*.faiss"))) == len(index_files) - 1
+    assert len(set(catalog.vectors.index_dir.glob("*.faiss"))) == len(index_files) - 1
     assert catalog.get_many(ids) == [] and [r.id for r in catalog.get_many(kept)] == kept
     with pytest.raises(NotFound):
         catalog.get_collection("photos")

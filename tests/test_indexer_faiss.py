@@ -10,7 +10,7 @@ import pytest
 
 from indexer.types import NewText, SearchFilters
 from indexer.vector_index import IndexFileError, SearchTuning, VectorIndex
-from tests.indexer_helpers import open_test_catalog, random_unit
+from tests.indexer_helpers import faiss_index, open_test_catalog, random_unit
 
 DIM = 16
 
@@ -23,7 +23,7 @@ def fill(catalog, name: str, count: int, seed: int = 0, factory: str = "Flat") -
 
 
 def index_file(catalog, name: str) -> Path:
-    return catalog._index_path(catalog.get_collection(name).id)
+    return catalog.vectors.path(catalog.store(name).store.spec)
 
 
 def reopen(catalog, tmp_path: Path, database_url: str, **overrides):
@@ -41,17 +41,17 @@ def test_missing_and_corrupt_index_files_are_rebuilt(tmp_path, database_url, cap
     raw = bytearray(path.read_bytes())
     raw[len(raw) // 2] ^= 0xFF  # one flipped byte: the checksum catches it
     path.write_bytes(bytes(raw))
-    with caplog.at_level(logging.INFO, logger="indexer.catalog"):
+    with caplog.at_level(logging.INFO, logger="indexer"):
         catalog = open_test_catalog(tmp_path / "data", database_url)
-    assert [r.message for r in caplog.records if "rebuilt" in r.message] == [
-        "collection c: FAISS index rebuilt from SQL (checksum mismatch): 50 vectors"
-    ]
+    rebuilt = [r.message for r in caplog.records if "rebuilt" in r.message]
+    assert len(rebuilt) == 1
+    assert rebuilt[0].startswith("collection c: vector store rebuilt from SQL (checksum mismatch): 50 added, 0 removed")
     assert list(catalog.index_ids("c")) == ids
     catalog.close()
 
     path.unlink()
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="indexer.catalog"):
+    with caplog.at_level(logging.INFO, logger="indexer"):
         catalog = open_test_catalog(tmp_path / "data", database_url)
     assert len([r for r in caplog.records if "rebuilt" in r.message]) == 1
     assert list(catalog.index_ids("c")) == ids and path.exists()
@@ -66,9 +66,9 @@ def test_stale_index_is_caught_up_after_a_crash(tmp_path, database_url, caplog) 
     catalog.delete(ids[:5])  # deleted in SQL, still in the saved FAISS file
     leftover = index_file(catalog, "c").with_name("1.faiss.tmp-999999-1")
     leftover.write_bytes(b"half a file")  # a save killed before its rename
-    with caplog.at_level(logging.INFO, logger="indexer.catalog"):
+    with caplog.at_level(logging.INFO, logger="indexer"):
         catalog = reopen(catalog, tmp_path, database_url)
-    lines = [r.message for r in caplog.records if r.name == "indexer.catalog"]
+    lines = [r.message for r in caplog.records if r.name == "indexer.sync"]
     assert len(lines) == 1 and "caught up from SQL: 20 added, 5 removed" in lines[0]
     assert list(catalog.index_ids("c")) == ids[5:] + more == list(catalog.sql_ids("c"))
     assert not leftover.exists()
@@ -77,9 +77,9 @@ def test_stale_index_is_caught_up_after_a_crash(tmp_path, database_url, caplog) 
     catalog.close()
 
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="indexer.catalog"):
+    with caplog.at_level(logging.INFO, logger="indexer"):
         catalog = open_test_catalog(tmp_path / "data", database_url)
-    assert not [r for r in caplog.records if r.name == "indexer.catalog"]  # consistent: nothing to say
+    assert not [r for r in caplog.records if r.name == "indexer.sync"]  # consistent: nothing to say
     catalog.close()
 
 
@@ -87,9 +87,9 @@ def test_ivf_is_trained_when_large_enough_and_reranks_exactly(tmp_path, database
     settings = {"index_train_min": 200, "index_nprobe": 8, "search_rerank_factor": 4}
     catalog = open_test_catalog(tmp_path / "data", database_url, **settings)
     ids, vectors = fill(catalog, "c", 150, factory="IVF4,Flat")
-    index = catalog._indexes[catalog.get_collection("c").id]
+    index = faiss_index(catalog, "c")
     assert index.active == "Flat"  # too small to train yet
-    with caplog.at_level(logging.INFO, logger="indexer.catalog"):
+    with caplog.at_level(logging.INFO, logger="indexer"):
         more, more_vectors = fill(catalog, "c", 100, seed=1, factory="IVF4,Flat")
     assert index.active == "IVF4,Flat" and any("trained IVF4,Flat" in r.message for r in caplog.records)
     all_ids, all_vectors = np.array(ids + more), np.vstack([vectors, more_vectors])
@@ -103,14 +103,14 @@ def test_ivf_is_trained_when_large_enough_and_reranks_exactly(tmp_path, database
     assert [h.id for h in even] == expected_even
     catalog.close()
     catalog = open_test_catalog(tmp_path / "data", database_url, **settings)
-    assert catalog._indexes[catalog.get_collection("c").id].active == "IVF4,Flat"  # saved trained
+    assert faiss_index(catalog, "c").active == "IVF4,Flat"  # saved trained
     catalog.close()
 
 
 def test_hnsw_deletes_are_hidden_and_persisted(tmp_path, database_url) -> None:
     catalog = open_test_catalog(tmp_path / "data", database_url, index_train_min=20)
     ids, vectors = fill(catalog, "c", 40, factory="HNSW8")
-    assert catalog._indexes[catalog.get_collection("c").id].active == "HNSW8"
+    assert faiss_index(catalog, "c").active == "HNSW8"
     catalog.delete(ids[:3])
     assert catalog.search("c", vectors[0], k=1)[0].id != ids[0]
     assert catalog.get_collection("c").vectors == 37

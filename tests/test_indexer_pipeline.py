@@ -17,7 +17,7 @@ from indexer.catalog import SqlCatalog
 from indexer.pipeline import ImageIndexer, IndexSummary
 from retrieval.errors import InvalidImage
 from retrieval.fake import FakeEncoder
-from tests.indexer_helpers import jpeg, open_test_catalog, png
+from tests.indexer_helpers import jpeg, open_test_catalog, png, service_for
 
 DIM = 16
 
@@ -55,7 +55,7 @@ def make_folder(root: Path, count: int = 12) -> Path:
 
 
 def run(catalog: SqlCatalog, encoder: FakeEncoder, source: Path, **kwargs: object) -> IndexSummary:
-    indexer = ImageIndexer(catalog, encoder, "photos", batch_size=4, read_threads=2)
+    indexer = ImageIndexer(service_for(catalog, encoder), encoder, "photos", batch_size=4, read_threads=2)
     return asyncio.run(indexer.run(source, **kwargs))  # type: ignore[arg-type]
 
 
@@ -181,7 +181,7 @@ def test_stop_then_resume_embeds_each_image_once(catalog: SqlCatalog, tmp_path: 
             if summary.added >= 8:
                 stop.set()  # what the CLI's Ctrl-C handler does
 
-        indexer = ImageIndexer(catalog, encoder, "photos", batch_size=4)
+        indexer = ImageIndexer(service_for(catalog, encoder), encoder, "photos", batch_size=4)
         return await indexer.run(folder, stop=stop, on_progress=on_progress)
 
     first = asyncio.run(interrupted())

@@ -10,9 +10,9 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse
 
-from api.deps import CatalogDep, EncoderDep, MetricsDep, ReadAccess, WriteAccess, run_blocking
+from api.deps import CatalogDep, CollectionsDep, MetricsDep, ReadAccess, WriteAccess, run_blocking
 from api.schemas import MAX_K, Deleted, ItemOut, SearchResponse
-from api.searching import StageTimer, item_out, search_by_vector
+from api.searching import StageTimer, item_out, result_out
 from api.thumbnails import ensure_thumbnail, thumbnail_path
 from indexer.types import ItemRecord
 from retrieval.errors import NotFound
@@ -57,26 +57,24 @@ async def get_thumbnail(item_id: int, catalog: CatalogDep, request: Request) -> 
 @router.get("/{item_id}/similar", response_model=SearchResponse, dependencies=[ReadAccess])
 async def similar_items(
     item_id: int,
-    catalog: CatalogDep,
-    encoder: EncoderDep,
+    collections: CollectionsDep,
     metrics: MetricsDep,
     k: Annotated[int, Query(ge=1, le=MAX_K)] = 12,
 ) -> SearchResponse:
     """Items of the same collection nearest to this one (itself left out), by its stored vector."""
     timer = StageTimer()
-    item = await run_blocking(catalog.get, item_id)
-    vector = await run_blocking(catalog.vector, item_id)
-    timer.mark("encode")  # a stored vector: no model call
-    results = await search_by_vector(catalog, item.collection, vector, k, None, timer, exclude=item_id)
+    info, found = await run_blocking(collections.similar, item_id, k, mark=timer.mark)
     timings = timer.finish()
     metrics.observe_stages("similar", timings)
-    return SearchResponse(results=results, collection=item.collection, timings=timings)
+    return SearchResponse(results=[result_out(f) for f in found], collection=info.name, timings=timings)
 
 
 @router.delete("/{item_id}", response_model=Deleted, dependencies=[WriteAccess])
-async def delete_item(item_id: int, catalog: CatalogDep, request: Request) -> Deleted:
+async def delete_item(item_id: int, catalog: CatalogDep, collections: CollectionsDep, request: Request) -> Deleted:
+    """Delete an item. The deletion is remembered: `cnclip index` of its folder does not add the same
+    bytes again (unless run with `--restore-deleted`)."""
     item = await run_blocking(catalog.get, item_id)
-    deleted = await run_blocking(catalog.delete, [item_id])
+    deleted = await run_blocking(collections.delete_items, [item_id])
     if item.kind == "images":
         await run_blocking(thumbnail_path(request.app.state.thumbs_dir, item).unlink, missing_ok=True)
     return Deleted(deleted=deleted)

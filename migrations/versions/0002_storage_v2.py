@@ -51,11 +51,10 @@ def upgrade() -> None:
         batch.alter_column("vector_key", existing_type=sa.String(32), nullable=False)
         batch.alter_column("version", existing_type=sa.BigInteger(), server_default=None)
         batch.create_unique_constraint("uq_collections_name_key", ["name_key"])
-    with op.batch_alter_table("items") as batch:
-        batch.add_column(sa.Column("root", sa.Text(), nullable=True))
-        batch.add_column(sa.Column("version", sa.BigInteger(), nullable=False, server_default="0"))
-    with op.batch_alter_table("items") as batch:
-        batch.alter_column("version", existing_type=sa.BigInteger(), server_default=None)
+    # Plain ADD COLUMN: a batch (copy) of `items` on SQLite would drop its AUTOINCREMENT, and ids
+    # must never be reused. The server default stays (rows written before this revision are version 0).
+    op.add_column("items", sa.Column("root", sa.Text(), nullable=True))
+    op.add_column("items", sa.Column("version", sa.BigInteger(), nullable=False, server_default="0"))
     op.create_index("ix_items_collection_version", "items", ["collection_id", "version"])
     op.create_table(
         "deleted_items",
@@ -77,7 +76,7 @@ def upgrade() -> None:
 def downgrade() -> None:
     op.drop_table("deleted_items")
     op.drop_index("ix_items_collection_version", table_name="items")
-    with op.batch_alter_table("items") as batch:
+    with op.batch_alter_table("items", table_kwargs={"sqlite_autoincrement": True}) as batch:
         batch.drop_column("version")
         batch.drop_column("root")
     with op.batch_alter_table("collections") as batch:

@@ -1,0 +1,224 @@
+"""The collection service: the one place that owns the rules around collections. Routes and CLI
+commands are thin callers of it.
+
+Rules it owns: a collection only takes and answers vectors of the model it was embedded with
+(reads and writes alike: 422 "re-index with this model"); names follow indexer/names.py and are
+unique case-insensitively; a catalog holds at most `max_collections`; an index description is
+validated by the engine before a collection is created; adding to or searching the wrong kind of
+collection says which kind it is. Search = vector search + row fetch + filters; a hit whose row
+was deleted between the two is dropped, never returned half-empty.
+
+Synchronous and thread-safe like the catalog: the API calls it from worker threads.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from indexer.catalog import SqlCatalog
+from indexer.names import check_collection_name
+from indexer.types import AddResult, CollectionInfo, CollectionKind, ItemRecord, NewImage, NewText, SearchFilters
+from retrieval.errors import Conflict, InvalidInput, NotFound
+from retrieval.manifest import same_model
+from retrieval.types import Encoder
+
+_NOUNS = {"images": "image", "texts": "text"}
+
+
+@dataclass(frozen=True)
+class ModelIdentity:
+    """The model this process embeds with (the encoder's id and vector size)."""
+
+    model_id: str
+    dim: int
+
+
+@dataclass(frozen=True)
+class Found:
+    score: float
+    item: ItemRecord
+
+
+StageMark = Callable[[str], None]
+
+
+class CollectionService:
+    """Use cases over a catalog for one model."""
+
+    def __init__(
+        self,
+        catalog: SqlCatalog,
+        model: ModelIdentity,
+        *,
+        default_factory: str = "Flat",
+        max_collections: int = 1000,
+        default_ttl_s: float = 0.5,
+    ) -> None:
+        self.catalog = catalog
+        self.model = model
+        self.default_factory = default_factory
+        self.max_collections = max_collections
+        self.default_ttl_s = default_ttl_s
+        self._defaults: dict[str, tuple[float, str]] = {}  # kind -> (when looked up, name)
+
+    # --- the rules ----------------------------------------------------------------------------
+    def check_model(self, info: CollectionInfo) -> None:
+        """A collection embedded by another model (or with other dims) can be neither searched nor
+        added to with this one: its vectors and ours are not comparable."""
+        if info.dim != self.model.dim or not same_model(info.model, self.model.model_id):
+            raise InvalidInput(
+                f"collection {info.name!r} was indexed with {info.model} ({info.dim}-d vectors); "
+                f"the server runs {self.model.model_id} ({self.model.dim}-d). Re-index it with this model."
+            )
+
+    @staticmethod
+    def check_kind(info: CollectionInfo, kind: CollectionKind, action: str) -> None:
+        if info.kind != kind:
+            raise InvalidInput(
+                f"collection {info.name!r} holds {info.kind}; {action} needs an {_NOUNS[kind]} collection"
+            )
+
+    # --- lifecycle ------------------------------------------------------------------------------
+    def create(self, name: str, kind: CollectionKind, index: str | None = None) -> CollectionInfo:
+        """A new empty collection for this model's vectors (409 when the name is taken or the
+        catalog is full)."""
+        check_collection_name(name)
+        if len(self.catalog.rows.collections()) >= self.max_collections:
+            raise Conflict(
+                f"the catalog holds {self.max_collections} collections, the most CNCLIP_MAX_COLLECTIONS allows; "
+                "delete one first"
+            )
+        info = self.catalog.create_collection(
+            name, kind, self.model.model_id, self.model.dim, index or self.default_factory
+        )
+        self._defaults.pop(kind, None)
+        return info
+
+    def ensure(self, name: str, kind: CollectionKind, index: str | None = None) -> CollectionInfo:
+        """The collection `name` for this model, created when missing (the indexing CLI)."""
+        try:
+            info = self.catalog.get_collection(check_collection_name(name))
+        except NotFound:
+            try:
+                return self.create(name, kind, index)
+            except Conflict:  # created by another process just now
+                info = self.catalog.get_collection(name)
+        self.check_kind(info, kind, "indexing " + kind)
+        self.check_model(info)
+        return info
+
+    def get(self, name: str) -> CollectionInfo:
+        return self.catalog.get_collection(check_collection_name(name))
+
+    def list_all(self) -> list[tuple[CollectionInfo, bool]]:
+        """Every collection and whether searches use it when none is named."""
+        infos = self.catalog.list_collections()
+        defaults = {next((i.id for i in infos if i.kind == kind), None) for kind in ("images", "texts")}
+        return [(info, info.id in defaults) for info in infos]
+
+    def delete_collection(self, name: str) -> int:
+        removed = self.catalog.delete_collection(check_collection_name(name))
+        self._defaults.clear()
+        return removed
+
+    def resolve(self, name: str | None, kind: CollectionKind, action: str = "this search") -> CollectionInfo:
+        """The named collection (404 when unknown) or the default of `kind` (the oldest), checked
+        for kind and model."""
+        if name is None:
+            name = self._default_name(kind)
+        state = self.catalog.store(check_collection_name(name)).state
+        info = CollectionInfo(state.id, state.name, state.kind, state.model, state.dim, state.factory, 0, 0)
+        self.check_kind(info, kind, action)
+        self.check_model(info)
+        return info
+
+    def _default_name(self, kind: CollectionKind) -> str:
+        cached = self._defaults.get(kind)
+        if cached is not None and time.monotonic() - cached[0] < self.default_ttl_s:
+            return cached[1]
+        state = next((s for s in self.catalog.rows.collections() if s.kind == kind), None)
+        if state is None:
+            raise NotFound(f"there is no {_NOUNS[kind]} collection yet; add one (cnclip index ...) or name one")
+        self._defaults[kind] = (time.monotonic(), state.name)
+        return state.name
+
+    # --- search ----------------------------------------------------------------------------------
+    def search(
+        self,
+        name: str | None,
+        kind: CollectionKind,
+        vector: np.ndarray,
+        k: int,
+        filters: SearchFilters | None = None,
+        *,
+        exclude: int | None = None,
+        mark: StageMark | None = None,
+    ) -> tuple[CollectionInfo, list[Found]]:
+        """Top-k items of a collection for one query vector of this model; `exclude` leaves out one
+        id (the query item); `mark(stage)` is called after the vector search and after the row fetch."""
+        return self._search(self.resolve(name, kind), vector, k, filters, exclude, mark)
+
+    def _search(
+        self,
+        info: CollectionInfo,
+        vector: np.ndarray,
+        k: int,
+        filters: SearchFilters | None,
+        exclude: int | None,
+        mark: StageMark | None,
+    ) -> tuple[CollectionInfo, list[Found]]:
+        hits = self.catalog.search(info.name, vector, k + (1 if exclude is not None else 0), filters)
+        hits = [h for h in hits if h.id != exclude][:k]
+        if mark:
+            mark("search")
+        records = {r.id: r for r in self.catalog.get_many([h.id for h in hits])}
+        if mark:
+            mark("db")
+        return info, [Found(h.score, records[h.id]) for h in hits if h.id in records]
+
+    def similar(
+        self, item_id: int, k: int, filters: SearchFilters | None = None, *, mark: StageMark | None = None
+    ) -> tuple[CollectionInfo, list[Found]]:
+        """Items of the same collection nearest to `item_id`, by its stored vector (comparable with
+        the collection's own, whatever model this process runs)."""
+        item = self.catalog.get(item_id)
+        vector = self.catalog.vector(item_id)
+        if mark:
+            mark("encode")  # a stored vector: no model call
+        return self._search(self.catalog.get_collection(item.collection), vector, k, filters, item_id, mark)
+
+    # --- writes ----------------------------------------------------------------------------------
+    def writable(self, name: str, kind: CollectionKind) -> CollectionInfo:
+        """The collection `name`, checked before anything is embedded for it."""
+        return self.resolve(name, kind, "adding " + kind)
+
+    def add_images(
+        self, name: str, images: Sequence[NewImage], vectors: np.ndarray, **kwargs: object
+    ) -> list[AddResult]:
+        info = self.writable(name, "images")
+        return self.catalog.add_images(info.name, images, vectors, model=self.model.model_id, **kwargs)  # type: ignore[arg-type]
+
+    def add_texts(self, name: str, texts: Sequence[NewText], vectors: np.ndarray) -> list[AddResult]:
+        info = self.writable(name, "texts")
+        return self.catalog.add_texts(info.name, texts, vectors, model=self.model.model_id)
+
+    def delete_items(self, item_ids: Sequence[int]) -> int:
+        """A user's deletion: remembered, so the next `cnclip index` of the folder does not bring
+        the same bytes back (unless `--restore-deleted`)."""
+        return self.catalog.delete(item_ids, reason="user")
+
+
+def collection_service(catalog: SqlCatalog, encoder: Encoder, settings: Any) -> CollectionService:
+    """The service for `encoder`'s model with the catalog settings (defaults, cap, refresh)."""
+    return CollectionService(
+        catalog,
+        ModelIdentity(encoder.model_id, encoder.dim),
+        default_factory=settings.index_factory,
+        max_collections=settings.max_collections,
+        default_ttl_s=settings.sync_interval_s,
+    )
