@@ -325,7 +325,7 @@ class SqlCatalog:
                 with self._stores_lock:
                     self._stores.pop(sync.state.id, None)
             raise
-        if sync is None or sync.state.id != state.id:
+        if sync is None or sync.state.vector_key != state.vector_key:
             return self._open_store(state)
         if state.version != sync.seen and sync.lock.acquire(blocking=False):
             # A search never waits for another thread's catch-up: it searches what is there.
@@ -342,6 +342,8 @@ class SqlCatalog:
             for stale in [i for i, s in self._stores.items() if collection_key(s.state.name) == key and i != state.id]:
                 self._stores.pop(stale)  # the name now belongs to a collection made since
             sync = self._stores.get(state.id)
+            if sync is not None and sync.state.vector_key != state.vector_key:
+                sync = None  # the id of a collection deleted since (PostgreSQL never reuses ids; be sure)
             if sync is None:
                 store = self.vectors.open(_spec(state), self.rows.vectors, lambda f: self.rows.filter_ids(state.id, f))
                 sync = StoreSync(self.rows, store, state)

@@ -58,11 +58,35 @@ def alembic_config(url: str) -> Config:
 
 def upgrade(engine: Engine, revision: str = "head") -> str | None:
     """Bring the schema to `revision` on `engine`'s database; returns the revision now current."""
+    return _migrate(engine, command.upgrade, revision)
+
+
+def downgrade(engine: Engine, revision: str) -> str | None:
+    """Take the schema back to `revision` (tests; a release never needs it)."""
+    return _migrate(engine, command.downgrade, revision)
+
+
+def _migrate(engine: Engine, step: Any, revision: str) -> str | None:
     config = alembic_config(engine.url.render_as_string(hide_password=False))
+    sqlite = engine.dialect.name == "sqlite"
     try:
-        with engine.begin() as connection:
-            config.attributes["connection"] = connection
-            command.upgrade(config, revision)
+        with engine.connect() as connection:
+            if sqlite:
+                # SQLite changes a table by copying it; with foreign keys on, dropping the old copy would
+                # cascade to every row that points at it. Off outside the transaction, checked after.
+                connection.exec_driver_sql("PRAGMA foreign_keys=OFF")
+                connection.commit()  # ends SQLAlchemy's autobegun transaction (sqlite3 began none)
+            try:
+                with connection.begin():
+                    config.attributes["connection"] = connection
+                    step(config, revision)
+                broken = connection.exec_driver_sql("PRAGMA foreign_key_check").fetchall() if sqlite else []
+            finally:
+                if sqlite:
+                    connection.exec_driver_sql("PRAGMA foreign_keys=ON")
+                    connection.commit()
+            if broken:
+                raise DatabaseUnavailable(f"the migration left {len(broken)} broken references: {broken[:3]}")
         return current_revision(engine)
     except OperationalError as exc:
         raise DatabaseUnavailable(f"cannot reach the database at {engine.url!r}: {exc.orig}") from exc

@@ -44,7 +44,8 @@ class Base(DeclarativeBase):
 
 class CollectionRow(Base):
     __tablename__ = "collections"
-    __table_args__ = (UniqueConstraint("name_key", name="uq_collections_name_key"),)
+    # AUTOINCREMENT: a collection made after another was deleted never takes its id (nor its FAISS file).
+    __table_args__ = (UniqueConstraint("name_key", name="uq_collections_name_key"), {"sqlite_autoincrement": True})
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     name: Mapped[str] = mapped_column(String(64), unique=True)

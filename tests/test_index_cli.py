@@ -49,7 +49,15 @@ def test_index_stats_search_and_texts(tmp_path: Path, database_url: str, toy_mod
     assert stats.exit_code == 0, stats.output
     assert json.loads(stats.output.strip().splitlines()[-1]) == {
         "collections": [
-            {"name": "photos", "kind": "images", "items": 10, "vectors": 10, "deleted": 0, "model": model, "index": "Flat"}
+            {
+                "name": "photos",
+                "kind": "images",
+                "items": 10,
+                "vectors": 10,
+                "deleted": 0,
+                "model": model,
+                "index": "Flat",
+            }
         ]
     }
 

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-from alembic import command
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 from typer.testing import CliRunner
 
 from api.cli import build_cli
-from indexer.db import alembic_config, create_db_engine, current_revision, head_revision, upgrade
+from indexer.db import create_db_engine, current_revision, downgrade, head_revision, upgrade
 from indexer.models import Base
 
 
@@ -25,11 +24,7 @@ def test_models_and_migrations_agree(database_url: str) -> None:
 def test_downgrade_and_upgrade_again(database_url: str) -> None:
     engine = create_db_engine(database_url)
     upgrade(engine)
-    config = alembic_config(database_url)
-    with engine.begin() as connection:
-        config.attributes["connection"] = connection
-        command.downgrade(config, "base")
-    assert current_revision(engine) is None
+    assert downgrade(engine, "base") is None
     assert not {"collections", "items", "vectors", "item_tags"} & set(inspect(engine).get_table_names())
     assert upgrade(engine) == head_revision()
     engine.dispose()
@@ -53,3 +48,42 @@ def test_unreachable_database_is_a_clear_error(tmp_path) -> None:
     result = CliRunner().invoke(build_cli(), ["db", "upgrade"], env=env)
     assert result.exit_code == 1
     assert "cannot reach the database" in result.output and "Traceback" not in result.output
+
+
+def test_storage_v2_migration_keeps_every_row_and_separates_names_that_differ_in_case(database_url: str) -> None:
+    """A 0001 catalog with items, vectors and tags, and two collections named `demo` and `DEMO`:
+    after 0002 every row is still there, ids are kept, and the younger `DEMO` is renamed."""
+    engine = create_db_engine(database_url)
+    upgrade(engine, "0001")
+    with engine.begin() as connection:
+        for cid, name in [(1, "demo"), (2, "DEMO")]:
+            connection.execute(
+                text(
+                    "INSERT INTO collections (id, name, kind, model, dim, index_factory, created_at) "
+                    "VALUES (:id, :name, 'images', 'm', 4, 'Flat', '2026-01-01')"
+                ),
+                {"id": cid, "name": name},
+            )
+        for item in range(1, 4):
+            connection.execute(
+                text(
+                    "INSERT INTO items (id, collection_id, sha256, tags, extra, created_at, updated_at) "
+                    "VALUES (:id, 1, :sha, '[]', '{}', '2026-01-01', '2026-01-01')"
+                ),
+                {"id": item, "sha": f"{item:064d}"},
+            )
+            connection.execute(
+                text("INSERT INTO vectors (item_id, model, vector) VALUES (:id, 'm', :v)"),
+                {"id": item, "v": b"\0" * 16},
+            )
+            connection.execute(text("INSERT INTO item_tags (item_id, tag) VALUES (:id, 'x')"), {"id": item})
+    assert upgrade(engine) == head_revision()
+    with engine.connect() as connection:
+        names = connection.execute(text("SELECT id, name, name_key, version FROM collections ORDER BY id")).all()
+        assert [tuple(row) for row in names] == [(1, "demo", "demo", 0), (2, "DEMO-2", "demo-2", 0)]
+        assert connection.execute(text("SELECT count(*) FROM items WHERE version = 0")).scalar() == 3
+        assert connection.execute(text("SELECT count(*) FROM vectors")).scalar() == 3  # nothing cascaded away
+        assert connection.execute(text("SELECT count(*) FROM item_tags")).scalar() == 3
+        keys = connection.execute(text("SELECT vector_key FROM collections")).scalars().all()
+        assert len(set(keys)) == 2 and all(len(k) == 32 for k in keys)
+    engine.dispose()

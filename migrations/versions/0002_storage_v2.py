@@ -46,7 +46,12 @@ def upgrade() -> None:
             sa.text("UPDATE collections SET name = :name, name_key = :key, vector_key = :vkey WHERE id = :id"),
             {"name": name, "key": key, "vkey": uuid.uuid4().hex, "id": collection_id},
         )
-    with op.batch_alter_table("collections") as batch:
+    # SQLite copies the table here (indexer/db.py turns foreign keys off meanwhile, so the copy's DROP
+    # cascades to nothing); the copy gains AUTOINCREMENT: ids of deleted collections are never reused.
+    sqlite = connection.dialect.name == "sqlite"
+    with op.batch_alter_table(
+        "collections", recreate="always" if sqlite else "auto", table_kwargs={"sqlite_autoincrement": True}
+    ) as batch:
         batch.alter_column("name_key", existing_type=sa.String(200), nullable=False)
         batch.alter_column("vector_key", existing_type=sa.String(32), nullable=False)
         batch.alter_column("version", existing_type=sa.BigInteger(), server_default=None)
