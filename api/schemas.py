@@ -6,13 +6,13 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal
 
+from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+
+from retrieval.prompts import MAX_LABEL_CHARS, MAX_LABELS, MAX_TEMPLATE_CHARS, MAX_TEMPLATES, template_problem
 
 MAX_QUERY_CHARS = 512
 MAX_K = 200
-MAX_LABELS = 100
-MAX_LABEL_CHARS = 100
-MAX_TEMPLATES = 20
 MAX_EMBED_TEXTS = 256
 MAX_EMBED_IMAGES = 32
 MAX_TEXTS_PER_REQUEST = 1000
@@ -24,8 +24,11 @@ NAME_PATTERN = r"^[\w.\-]{1,64}$"
 Query = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_QUERY_CHARS)]
 Label = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_LABEL_CHARS)]
 Tag = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=64)]
-Template = Annotated[str, StringConstraints(min_length=1, max_length=200)]
+Template = Annotated[str, StringConstraints(min_length=1, max_length=MAX_TEMPLATE_CHARS)]
 CollectionName = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
+# SQL primary keys are signed 64-bit; anything outside is refused at the edge (SQLite would overflow).
+MAX_ITEM_ID = 2**63 - 1
+ItemId = Annotated[int, PathParam(ge=1, le=MAX_ITEM_ID, description="An item id (1..2^63-1).")]
 
 
 class StrictModel(BaseModel):
@@ -144,9 +147,11 @@ class LabelSet(StrictModel):
 
     @field_validator("templates")
     @classmethod
-    def _templates_have_slot(cls, value: list[str] | None) -> list[str] | None:
-        if value is not None and any("{}" not in t for t in value):
-            raise ValueError("every template must contain {} where the label goes, e.g. 一张{}的照片")
+    def _templates_are_usable(cls, value: list[str] | None) -> list[str] | None:
+        # The same rule as classifying (retrieval/prompts.py), so a saved set is always usable.
+        problem = next((p for p in map(template_problem, value or []) if p is not None), None)
+        if problem is not None:
+            raise ValueError(problem)
         return value
 
 

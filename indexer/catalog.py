@@ -30,7 +30,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from indexer.db import create_db_engine, upgrade
-from indexer.media import media_file, store_media
+from indexer.media import media_file, media_root, store_media
 from indexer.models import CollectionRow, ItemRow, ItemTagRow, VectorRow, utcnow
 from indexer.types import (
     AddResult,
@@ -131,7 +131,7 @@ class SqlCatalog:
     ) -> None:
         self.engine = engine
         self.data_dir = Path(data_dir)
-        self.media_dir = self.data_dir / "media"
+        self.media_dir = media_root(self.data_dir)
         # One folder per database, so two databases sharing a data dir never share index files.
         url_key = hashlib.sha1(engine.url.render_as_string(hide_password=True).encode()).hexdigest()[:10]
         self.index_dir = self.data_dir / "indexes" / url_key
