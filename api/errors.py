@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -141,20 +142,34 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(422, "invalid_input", _describe_validation(exc.errors()))
 
 
+def allowed_methods(app: Any, path: str) -> list[str]:
+    """Every method the app serves at `path` (Starlette's 405 lists only the first route's)."""
+    methods: set[str] = set()
+    for template, ops in app.openapi().get("paths", {}).items():
+        if re.fullmatch(re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template)), path):
+            methods |= {m.upper() for m in ops}
+    return sorted(methods)
+
+
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
-    code = _HTTP_CODES.get(exc.status_code, "http_error")
-    path = request.url.path[:200]  # echoed back: bounded
-    if exc.status_code == 404:
-        message = f"no such route: {request.method} {path}"
-    elif exc.status_code == 405:
-        message = f"method {request.method} is not allowed on {path}"
-    else:
-        message = public_message(exc.status_code, str(exc.detail), request_id(request))
+    status = exc.status_code
     headers = dict(exc.headers) if exc.headers else {}
-    if exc.status_code == 408:
+    path = request.url.path[:200]  # echoed back: bounded
+    if status == 404:
+        message = f"no such route: {request.method} {path}"
+    elif status == 405:
+        message = f"method {request.method} is not allowed on {path}"
+        headers["Allow"] = ", ".join(allowed_methods(request.app, request.url.path)) or headers.get("Allow", "")
+    elif status == 400:
+        # FastAPI's "error parsing the body" (a body that is not UTF-8, say): invalid input like any other.
+        status, message = 422, f"the request body cannot be parsed: {exc.detail}"
+    else:
+        message = public_message(status, str(exc.detail), request_id(request))
+    code = _HTTP_CODES.get(status, "http_error")
+    if status == 408:
         headers["Connection"] = "close"  # the rest of a trickled body would be read as the next request
-    return error_response(exc.status_code, code, message, headers or None)
+    return error_response(status, code, message, headers or None)
 
 
 def install_error_handlers(app: FastAPI) -> None:

@@ -7,9 +7,16 @@ from datetime import datetime
 from typing import Annotated, Literal
 
 from fastapi import Path as PathParam
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema, field_validator
 
-from retrieval.prompts import MAX_LABEL_CHARS, MAX_LABELS, MAX_TEMPLATE_CHARS, MAX_TEMPLATES, template_problem
+from retrieval.prompts import (
+    MAX_LABEL_CHARS,
+    MAX_LABELS,
+    MAX_TEMPLATE_CHARS,
+    MAX_TEMPLATES,
+    TEMPLATE_PATTERN,
+    template_problem,
+)
 
 MAX_QUERY_CHARS = 512
 MAX_K = 200
@@ -21,10 +28,20 @@ MAX_TAGS = 50
 # A collection or label-set name: letters (any script), digits, '_', '-', '.'.
 NAME_PATTERN = r"^[\w.\-]{1,64}$"
 
-Query = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_QUERY_CHARS)]
-Label = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_LABEL_CHARS)]
-Tag = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=64)]
-Template = Annotated[str, StringConstraints(min_length=1, max_length=MAX_TEMPLATE_CHARS)]
+# Stripped strings must keep a character: `pattern=r"\S"` says so in the OpenAPI document too.
+Query = Annotated[
+    str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_QUERY_CHARS, pattern=r"\S")
+]
+Label = Annotated[
+    str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_LABEL_CHARS, pattern=r"\S")
+]
+Tag = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=64, pattern=r"\S")]
+# Checked by `template_problem` (a clearer message than a pattern's); documented with its pattern.
+Template = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=MAX_TEMPLATE_CHARS),
+    WithJsonSchema({"type": "string", "minLength": 1, "maxLength": MAX_TEMPLATE_CHARS, "pattern": TEMPLATE_PATTERN}),
+]
 CollectionName = Annotated[str, StringConstraints(pattern=NAME_PATTERN)]
 # SQL primary keys are signed 64-bit; anything outside is refused at the edge (SQLite would overflow).
 MAX_ITEM_ID = 2**63 - 1
@@ -142,8 +159,14 @@ class Deleted(BaseModel):
 
 
 class LabelSet(StrictModel):
-    labels: list[Label] = Field(min_length=1, max_length=MAX_LABELS)
+    labels: list[Label] = Field(min_length=1, max_length=MAX_LABELS, description="Repeated labels are kept once.")
     templates: list[Template] | None = Field(None, max_length=MAX_TEMPLATES)
+
+    @field_validator("labels")
+    @classmethod
+    def _labels_once(cls, value: list[str]) -> list[str]:
+        # After stripping, "猫" and "猫 " are one label; a repeat adds nothing, so it is dropped, not refused.
+        return list(dict.fromkeys(value))
 
     @field_validator("templates")
     @classmethod

@@ -18,10 +18,12 @@ from retrieval.errors import InvalidInput
 PLACEHOLDER = "{}"
 MAX_LABELS = 100
 MAX_LABEL_CHARS = 100
-MAX_TEMPLATES = 20
+MAX_TEMPLATES = 10
 MAX_TEMPLATE_CHARS = 200
-# labels × templates per request: 100 labels with the 10 default templates fit.
-MAX_PROMPT_TEXTS = 1000
+# labels × templates per request: the most labels with the most templates (or the 10 defaults) fit.
+MAX_PROMPT_TEXTS = MAX_LABELS * MAX_TEMPLATES
+# The same rule as `template_problem`, as a JSON Schema pattern for the OpenAPI document.
+TEMPLATE_PATTERN = r"^[^{}]*\{\}[^{}]*$"
 
 
 def template_problem(template: object) -> str | None:
