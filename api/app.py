@@ -18,8 +18,11 @@ from api.errors import install_error_handlers
 from api.label_store import LabelSetStore
 from api.limits import FORM_OVERHEAD, BodySizeLimitMiddleware
 from api.metrics import RequestMetricsMiddleware, ServiceMetrics
+from api.openapi import install_openapi
+from api.request_guard import RequestGuardMiddleware
 from api.routes import classify, collections, embed, health, items, label_sets, search
 from indexer.catalog import open_catalog
+from indexer.media import media_root
 from indexer.service import collection_service
 from indexer.types import Catalog
 from retrieval.config import Settings
@@ -77,6 +80,7 @@ def create_app(settings: Settings, encoder: Encoder | None = None, catalog: Cata
     app.state.service = None
     app.state.label_sets = LabelSetStore(settings.data_dir / "label_sets.json")
     app.state.thumbs_dir = settings.data_dir / "thumbs"
+    app.state.media_dir = media_root(settings.data_dir)
 
     install_error_handlers(app)
     for module in (search, classify, embed, collections, items, label_sets, health):
@@ -92,4 +96,7 @@ def create_app(settings: Settings, encoder: Encoder | None = None, catalog: Cata
     # The last added runs outermost: metrics time every request, including bodies the cap refuses.
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_image_bytes + FORM_OVERHEAD)
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
+    # Outermost: request id, body deadline, security headers, and the catch-all 500 for everything inside.
+    app.add_middleware(RequestGuardMiddleware, body_timeout_s=settings.body_read_timeout_s)
+    install_openapi(app)
     return app

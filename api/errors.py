@@ -1,15 +1,19 @@
-"""One error shape for every 4xx/5xx: `{"error": {"code": ..., "message": ...}}`.
+"""One error shape for every 4xx/5xx: `{"error": {"code": ..., "message": ...}}`, and the one table
+that maps the project's errors to HTTP statuses.
 
-Project errors (`CnclipError` subclasses) carry their own status and code. FastAPI's validation
-errors and Starlette's HTTP errors (unknown route, wrong method) are rewritten into the same
-shape. Anything else is a bug: it is logged with its traceback and the client sees a fixed
-message, never the exception text.
+The model runtime and the storage layer raise `CnclipError` subclasses with a stable `code` and no
+HTTP status; `STATUS_BY_ERROR` below decides the status (first matching class wins, so the most
+specific classes come first). FastAPI's validation errors and Starlette's HTTP errors (unknown
+route, wrong method) are rewritten into the same shape. A 5xx never carries the exception's own
+text (paths, hosts, library messages): the log gets it, the client gets a fixed message and the
+request id (`X-Request-ID`, see `api/request_guard.py`) to quote when reporting it.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -18,9 +22,46 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from retrieval.errors import CnclipError, Overloaded, Unauthorized
+from indexer.db import DatabaseUnavailable
+from indexer.media_check import MediaChanged
+from retrieval.errors import (
+    CnclipError,
+    Conflict,
+    EncoderUnavailable,
+    InvalidInput,
+    NotFound,
+    Overloaded,
+    PayloadTooLarge,
+)
 
 log = logging.getLogger("cnclip.api")
+
+
+class Unauthorized(CnclipError):
+    """A write (or, with `require_key_for_reads`, a read) without the right API key."""
+
+    code = "unauthorized"
+
+
+# Project error -> HTTP status. Most specific first: PayloadTooLarge is an InvalidInput.
+STATUS_BY_ERROR: tuple[tuple[type[CnclipError], int], ...] = (
+    (Unauthorized, 401),
+    (PayloadTooLarge, 413),
+    (InvalidInput, 422),
+    (MediaChanged, 410),
+    (NotFound, 404),
+    (Conflict, 409),
+    (Overloaded, 429),
+    (EncoderUnavailable, 503),
+    (DatabaseUnavailable, 503),
+    (CnclipError, 500),  # ModelError and anything else the project raises on purpose
+)
+
+# What a client sees of a 5xx: the cause stays in the server log.
+_PUBLIC_5XX = {
+    503: "the service is not ready (encoder warming up or unreachable, or database unavailable); retry in a moment",
+    500: "internal server error",
+}
 
 # Codes for the HTTP errors Starlette raises itself.
 _HTTP_CODES = {
@@ -29,6 +70,7 @@ _HTTP_CODES = {
     403: "forbidden",
     404: "not_found",
     405: "method_not_allowed",
+    408: "request_timeout",
     413: "payload_too_large",
     415: "unsupported_media_type",
     422: "invalid_input",
@@ -37,9 +79,30 @@ _HTTP_CODES = {
 }
 
 
+def http_status(exc: CnclipError) -> int:
+    """The HTTP status of a project error, from `STATUS_BY_ERROR`."""
+    for cls, status in STATUS_BY_ERROR:
+        if isinstance(exc, cls):
+            return status
+    return 500  # unreachable: CnclipError closes the table
+
+
+def request_id(request: Request) -> str:
+    """The id `RequestGuardMiddleware` gave this request ('-' outside the middleware, as in unit tests)."""
+    return str(request.scope.get("state", {}).get("request_id", "-"))
+
+
 def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
     """The one JSON error body, with its status code."""
     return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
+
+
+def public_message(status: int, message: str, rid: str | None = None) -> str:
+    """`message` for a 4xx; for a 5xx a fixed text (with the request id, when given) instead."""
+    if status < 500:
+        return message
+    fixed = _PUBLIC_5XX.get(status, _PUBLIC_5XX[500])
+    return f"{fixed} (request id {rid})" if rid else fixed
 
 
 def _describe_validation(errors: Sequence[Any]) -> str:
@@ -54,16 +117,24 @@ def _describe_validation(errors: Sequence[Any]) -> str:
     return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
 
 
+def retry_headers(exc: CnclipError) -> dict[str, str] | None:
+    """`Retry-After` for an overloaded batcher, `WWW-Authenticate` for a missing key."""
+    if isinstance(exc, Overloaded):
+        return {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
+    if isinstance(exc, Unauthorized):
+        return {"WWW-Authenticate": "Bearer"}
+    return None
+
+
 async def _cnclip_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, CnclipError)
-    headers = None
-    if isinstance(exc, Overloaded):
-        headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
-    elif isinstance(exc, Unauthorized):
-        headers = {"WWW-Authenticate": "Bearer"}
-    if exc.status_code >= 500:
-        log.error("%s %s failed: %s: %s", request.method, request.url.path, type(exc).__name__, exc.message)
-    return error_response(exc.status_code, exc.code, exc.message, headers)
+    status = http_status(exc)
+    rid = request_id(request)
+    if status >= 500:
+        log.error(
+            "%s %s failed [request %s]: %s: %s", request.method, request.url.path, rid, type(exc).__name__, exc.message
+        )
+    return error_response(status, exc.code, public_message(status, exc.message, rid), retry_headers(exc))
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
@@ -71,29 +142,40 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     return error_response(422, "invalid_input", _describe_validation(exc.errors()))
 
 
+def allowed_methods(app: Any, path: str) -> list[str]:
+    """Every method the app serves at `path` (Starlette's 405 lists only the first route's)."""
+    methods: set[str] = set()
+    for template, ops in app.openapi().get("paths", {}).items():
+        if re.fullmatch(re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template)), path):
+            methods |= {m.upper() for m in ops}
+    return sorted(methods)
+
+
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
-    code = _HTTP_CODES.get(exc.status_code, "http_error")
-    if exc.status_code == 404:
-        message = f"no such route: {request.method} {request.url.path}"
-    elif exc.status_code == 405:
-        message = f"method {request.method} is not allowed on {request.url.path}"
-    elif exc.status_code >= 500:
-        message = "internal server error"
+    status = exc.status_code
+    headers = dict(exc.headers) if exc.headers else {}
+    path = request.url.path[:200]  # echoed back: bounded
+    if status == 404:
+        message = f"no such route: {request.method} {path}"
+    elif status == 405:
+        message = f"method {request.method} is not allowed on {path}"
+        headers["Allow"] = ", ".join(allowed_methods(request.app, request.url.path)) or headers.get("Allow", "")
+    elif status == 400:
+        # FastAPI's "error parsing the body" (a body that is not UTF-8, say): invalid input like any other.
+        status, message = 422, f"the request body cannot be parsed: {exc.detail}"
     else:
-        message = str(exc.detail)
-    return error_response(exc.status_code, code, message, dict(exc.headers) if exc.headers else None)
-
-
-async def _unexpected_error(request: Request, exc: Exception) -> JSONResponse:
-    # A bug, not a user error: full traceback in the log, a fixed message to the client.
-    log.exception("unhandled error on %s %s", request.method, request.url.path, exc_info=exc)
-    return error_response(500, "internal_error", "internal server error")
+        message = public_message(status, str(exc.detail), request_id(request))
+    code = _HTTP_CODES.get(status, "http_error")
+    if status == 408:
+        headers["Connection"] = "close"  # the rest of a trickled body would be read as the next request
+    return error_response(status, code, message, headers or None)
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    """Route every error the app can produce into the one JSON shape."""
+    """Route every expected error into the one JSON shape. Unexpected exceptions are turned into
+    the 500 shape by `RequestGuardMiddleware`, which (unlike an `Exception` handler, which Starlette
+    re-raises after answering) keeps the connection usable and logs one traceback."""
     app.add_exception_handler(CnclipError, _cnclip_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_exception_handler(Exception, _unexpected_error)

@@ -34,7 +34,8 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
 from api.deps import require_read_key
-from retrieval.errors import CnclipError, InvalidInput, NotFound, Overloaded, PayloadTooLarge, Unauthorized
+from api.errors import http_status, public_message, retry_headers
+from retrieval.errors import CnclipError, InvalidInput, NotFound, PayloadTooLarge
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 MODEL_VERSION = "1"
@@ -93,9 +94,8 @@ class InferRequest(BaseModel):
 
 
 class BadRequest(InvalidInput):
-    """A request that breaks the v2 protocol or a model's input contract."""
+    """A request that breaks the v2 protocol or a model's input contract (400, like every InvalidInput here)."""
 
-    status_code = 400
     code = "bad_request"
 
 
@@ -108,14 +108,12 @@ def v2_error(status: int, message: str, headers: dict[str, str] | None = None) -
 
 
 def _error_response(exc: CnclipError) -> JSONResponse:
-    headers = None
-    if isinstance(exc, Overloaded):
-        headers = {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
-    elif isinstance(exc, Unauthorized):
-        headers = {"WWW-Authenticate": "Bearer"}
     # Triton answers 400 for every input it cannot use (including undecodable images); keep 413/429/5xx.
-    status = 400 if isinstance(exc, InvalidInput) and not isinstance(exc, PayloadTooLarge) else exc.status_code
-    return v2_error(status, exc.message, headers)
+    status = 400 if isinstance(exc, InvalidInput) and not isinstance(exc, PayloadTooLarge) else http_status(exc)
+    # A 500 is a bug whose text may hold paths and library messages; a 503's says which remote is down,
+    # which the operator of a chained encoder needs.
+    message = public_message(status, exc.message) if status == 500 else exc.message
+    return v2_error(status, message, retry_headers(exc))
 
 
 def _served(name: str, version: str | None) -> ServedModel:
@@ -145,16 +143,19 @@ async def server_metadata() -> dict[str, Any]:
     return {"name": "cnclip", "version": version, "extensions": ["binary_tensor_data"]}
 
 
+# Health answers carry the KServe v2 REST bodies ({"live": bool}, {"ready": bool}); Triton itself sends
+# an empty body, and its clients (tritonclient's is_server_live/ready) read only the status.
 @router.get("/health/live")
-async def live() -> Response:
-    """200 while the process serves HTTP."""
-    return Response(status_code=200)
+async def live() -> JSONResponse:
+    """200 `{"live": true}` while the process serves HTTP."""
+    return JSONResponse({"live": True})
 
 
 @router.get("/health/ready")
-async def ready(request: Request) -> Response:
-    """200 once the encoder has warmed every bucket, 503 before."""
-    return Response(status_code=200 if _is_ready(request) else 503)
+async def ready(request: Request) -> JSONResponse:
+    """200 `{"ready": true}` once the encoder has warmed every bucket, 503 `{"ready": false}` before."""
+    is_ready = _is_ready(request)
+    return JSONResponse({"ready": is_ready}, status_code=200 if is_ready else 503)
 
 
 @router.get("/models/{name}")
@@ -186,10 +187,11 @@ async def model_metadata(request: Request, name: str, version: str | None = None
 async def model_ready(request: Request, name: str, version: str | None = None) -> Response:
     """200 when the model can serve, 503 while the encoder warms up, 404 for an unknown model."""
     try:
-        _served(name, version)
+        model = _served(name, version)
     except CnclipError as exc:
         return _error_response(exc)
-    return Response(status_code=200 if _is_ready(request) else 503)
+    is_ready = _is_ready(request)
+    return JSONResponse({"name": model.name, "ready": is_ready}, status_code=200 if is_ready else 503)
 
 
 @router.post("/models/{name}/infer")

@@ -6,6 +6,7 @@ the server write any amount of data before the per-file check in `uploads.read_u
 
 from __future__ import annotations
 
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.errors import error_response
@@ -40,8 +41,9 @@ class BodySizeLimitMiddleware:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
-                    # Raised inside the route's body read, so the app's error handler answers 413.
-                    raise PayloadTooLarge(f"the request body is larger than the limit of {self.max_bytes} bytes")
+                    # Raised inside the route's body read. Starlette's HTTPException passes FastAPI's body
+                    # parser untouched (anything else becomes its 400 "error parsing the body").
+                    raise HTTPException(413, f"the request body is larger than the limit of {self.max_bytes} bytes")
             return message
 
         await self.app(scope, counting_receive, send)

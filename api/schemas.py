@@ -6,15 +6,21 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from fastapi import Path as PathParam
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema, field_validator
 
 from indexer.names import COLLECTION_NAME_PATTERN
+from retrieval.prompts import (
+    MAX_LABEL_CHARS,
+    MAX_LABELS,
+    MAX_TEMPLATE_CHARS,
+    MAX_TEMPLATES,
+    TEMPLATE_PATTERN,
+    template_problem,
+)
 
 MAX_QUERY_CHARS = 512
 MAX_K = 200
-MAX_LABELS = 100
-MAX_LABEL_CHARS = 100
-MAX_TEMPLATES = 20
 MAX_EMBED_TEXTS = 256
 MAX_EMBED_IMAGES = 32
 MAX_TEXTS_PER_REQUEST = 1000
@@ -23,11 +29,24 @@ MAX_TAGS = 50
 # A label-set name: letters (any script), digits, '_', '-', '.'. Collection names: indexer/names.py.
 NAME_PATTERN = r"^[\w.\-]{1,64}$"
 
-Query = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_QUERY_CHARS)]
-Label = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_LABEL_CHARS)]
-Tag = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=64)]
-Template = Annotated[str, StringConstraints(min_length=1, max_length=200)]
+# Stripped strings must keep a character: `pattern=r"\S"` says so in the OpenAPI document too.
+Query = Annotated[
+    str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_QUERY_CHARS, pattern=r"\S")
+]
+Label = Annotated[
+    str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_LABEL_CHARS, pattern=r"\S")
+]
+Tag = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=64, pattern=r"\S")]
+# Checked by `template_problem` (a clearer message than a pattern's); documented with its pattern.
+Template = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=MAX_TEMPLATE_CHARS),
+    WithJsonSchema({"type": "string", "minLength": 1, "maxLength": MAX_TEMPLATE_CHARS, "pattern": TEMPLATE_PATTERN}),
+]
 CollectionName = Annotated[str, StringConstraints(pattern=COLLECTION_NAME_PATTERN)]
+# SQL primary keys are signed 64-bit; anything outside is refused at the edge (SQLite would overflow).
+MAX_ITEM_ID = 2**63 - 1
+ItemId = Annotated[int, PathParam(ge=1, le=MAX_ITEM_ID, description="An item id (1..2^63-1).")]
 
 
 class StrictModel(BaseModel):
@@ -145,14 +164,22 @@ class Deleted(BaseModel):
 
 
 class LabelSet(StrictModel):
-    labels: list[Label] = Field(min_length=1, max_length=MAX_LABELS)
+    labels: list[Label] = Field(min_length=1, max_length=MAX_LABELS, description="Repeated labels are kept once.")
     templates: list[Template] | None = Field(None, max_length=MAX_TEMPLATES)
+
+    @field_validator("labels")
+    @classmethod
+    def _labels_once(cls, value: list[str]) -> list[str]:
+        # After stripping, "猫" and "猫 " are one label; a repeat adds nothing, so it is dropped, not refused.
+        return list(dict.fromkeys(value))
 
     @field_validator("templates")
     @classmethod
-    def _templates_have_slot(cls, value: list[str] | None) -> list[str] | None:
-        if value is not None and any("{}" not in t for t in value):
-            raise ValueError("every template must contain {} where the label goes, e.g. 一张{}的照片")
+    def _templates_are_usable(cls, value: list[str] | None) -> list[str] | None:
+        # The same rule as classifying (retrieval/prompts.py), so a saved set is always usable.
+        problem = next((p for p in map(template_problem, value or []) if p is not None), None)
+        if problem is not None:
+            raise ValueError(problem)
         return value
 
 

@@ -31,6 +31,7 @@ def register(app: typer.Typer) -> None:
         import uvicorn
 
         from api.app import create_app
+        from api.slow_clients import guarded_protocol
         from retrieval.config import Settings
 
         # One request = one small FAISS search; the server runs many of them at once on its worker
@@ -70,4 +71,6 @@ def register(app: typer.Typer) -> None:
             # Longer than clients' and proxies' idle pools (httpx: 5 s), so that the server never closes
             # a kept-alive connection just as a client sends on it (a reset, not a retry, for a POST).
             timeout_keep_alive=30,
+            # Slow or endless request heads close the connection (bodies have their own deadline in the app).
+            http=guarded_protocol(settings.header_read_timeout_s),
         )

@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 from sqlalchemy import Engine
 
-from indexer.media import media_file
+from indexer.media import media_root
+from indexer.media_check import verified_media_path
 from indexer.names import check_collection_name, collection_key
 from indexer.rows import CollectionState, FileState, ItemRows, text_sha
 from indexer.sync import Progress, StoreSync
@@ -75,7 +76,7 @@ class SqlCatalog:
     ) -> None:
         self.engine = engine
         self.data_dir = Path(data_dir)
-        self.media_dir = self.data_dir / "media"
+        self.media_dir = media_root(self.data_dir)
         self.rows = ItemRows(engine, self.media_dir)
         self.vectors = vectors
         self.sync_interval_s = sync_interval_s
@@ -277,14 +278,9 @@ class SqlCatalog:
         return self.rows.vectors([item_id])[0]
 
     def media_path(self, item_id: int) -> Path:
-        """The indexed file itself, or the copy of an upload under `data_dir/media`."""
-        record = self.get(item_id)
-        if record.kind != "images":
-            raise NotFound(f"item {item_id} is a text, it has no image")
-        path = Path(record.path) if record.path else media_file(self.media_dir, record.sha256 or "", record.mime)
-        if not path.is_file():
-            raise NotFound(f"the image of item {item_id} is no longer on disk")
-        return path
+        """The item's image file, if it may still be served (`indexer.media_check`: still the indexed
+        bytes, no symlink out of the indexed folder); the copy under `data_dir/media` for uploads."""
+        return verified_media_path(self.get(item_id), self.media_dir)
 
     def file_states(self, collection: str) -> dict[str, FileState]:
         """Path -> state of every bulk-indexed file of the collection (for incremental runs)."""

@@ -22,7 +22,8 @@ MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 
 
 class DatabaseUnavailable(CnclipError):
-    status_code = 503
+    """The SQL database cannot be reached (the API answers 503)."""
+
     code = "database_unavailable"
 
 

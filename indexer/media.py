@@ -14,6 +14,11 @@ EXTENSIONS = {
 }
 
 
+def media_root(data_dir: Path) -> Path:
+    """The folder under the data dir that holds the copies of uploaded images."""
+    return data_dir / "media"
+
+
 def media_file(media_dir: Path, sha256: str, mime: str | None) -> Path:
     """Where an upload with this content lives: media/ab/abcdef….jpg (content-addressed)."""
     return media_dir / sha256[:2] / f"{sha256}{EXTENSIONS.get(mime or '', '.bin')}"

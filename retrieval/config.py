@@ -120,7 +120,17 @@ class Settings(BaseSettings):
     host: str = Field("127.0.0.1", description="Address `cnclip serve` binds.")
     port: int = Field(8000, description="Port `cnclip serve` binds.")
     api_key: SecretStr | None = Field(None, description="Key required for writes (Bearer or X-API-Key).")
-    require_key_for_reads: bool = Field(False, description="Also require the API key for searches/reads.")
+    require_key_for_reads: bool = Field(
+        False, description="Also require the API key for searches, reads and `/metrics`."
+    )
+    header_read_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="A request's line and headers must arrive within this time, else the connection is closed.",
+    )
+    body_read_timeout_s: float = Field(
+        60.0, gt=0, description="A request's body must arrive within this time of its headers, else 408."
+    )
 
     @field_validator("buckets")
     @classmethod

@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from retrieval.errors import InvalidInput
+from retrieval.prompts import check_prompts, fill
 from retrieval.types import Encoder
 
 # Chinese prompt templates in the spirit of Chinese-CLIP's zero-shot evaluation prompts.
@@ -29,24 +30,6 @@ DEFAULT_TEMPLATES: tuple[str, ...] = (
     "这是一张{}的照片",
     "{}",
 )
-MAX_LABELS = 1000
-MAX_TEMPLATES = 100
-
-
-def _check(labels: Sequence[str], templates: Sequence[str]) -> None:
-    if not labels:
-        raise InvalidInput("give at least one label")
-    if len(labels) > MAX_LABELS:
-        raise InvalidInput(f"at most {MAX_LABELS} labels per request (got {len(labels)})")
-    if any(not isinstance(label, str) or not label.strip() for label in labels):
-        raise InvalidInput("labels must be non-empty strings")
-    if len(set(labels)) != len(labels):
-        raise InvalidInput("labels must be distinct")
-    if not templates or len(templates) > MAX_TEMPLATES:
-        raise InvalidInput(f"give between 1 and {MAX_TEMPLATES} templates")
-    for template in templates:
-        if template.count("{}") != 1:
-            raise InvalidInput(f"template {template!r} must contain exactly one '{{}}' for the label")
 
 
 def softmax(logits: np.ndarray) -> np.ndarray:
@@ -67,11 +50,11 @@ class ZeroShotClassifier:
     async def label_embeddings(self, labels: Sequence[str], templates: Sequence[str] | None = None) -> np.ndarray:
         """(len(labels), dim) float32: per label the renormalised mean of its template texts' vectors."""
         chosen = tuple(templates) if templates is not None else self.templates
-        _check(labels, chosen)
+        check_prompts(labels, chosen)
         keys = [(self.encoder.model_id, chosen, label) for label in labels]
         missing = [label for label, key in zip(labels, keys, strict=True) if key not in self._cache]
         if missing:
-            texts = [template.format(label) for label in missing for template in chosen]
+            texts = [fill(template, label) for label in missing for template in chosen]
             vectors = np.asarray(await self.encoder.embed_texts(texts), dtype=np.float32)
             means = vectors.reshape(len(missing), len(chosen), -1).mean(axis=1)
             means /= np.maximum(np.linalg.norm(means, axis=1, keepdims=True), np.float32(1e-12))
@@ -101,6 +84,6 @@ class ZeroShotClassifier:
         self, image: bytes, labels: Sequence[str], templates: Sequence[str] | None = None
     ) -> list[tuple[str, float]]:
         """(label, probability) sorted by probability, highest first, for raw image bytes."""
-        _check(labels, tuple(templates) if templates is not None else self.templates)
+        check_prompts(labels, tuple(templates) if templates is not None else self.templates)
         vector = (await self.encoder.embed_images([image]))[0]
         return await self.classify_vector(vector, labels, templates)

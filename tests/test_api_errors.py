@@ -162,7 +162,7 @@ def test_unexpected_errors_never_leak_their_text(settings: Settings) -> None:
     with api_client(settings, encoder=_BrokenEncoder(secret), raise_server_exceptions=False) as c:
         r = c.post("/v1/embed/text", json={"texts": ["猫"]})
         body = assert_error(r, 500, "internal_error")
-        assert body["error"]["message"] == "internal server error"
+        assert body["error"]["message"] == f"internal server error (request id {r.headers['x-request-id']})"
         assert "secret" not in r.text and "node 42" not in r.text
 
 

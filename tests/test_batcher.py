@@ -210,7 +210,7 @@ def test_full_queue_raises_overloaded_and_recovers() -> None:
         return info.value, after
 
     error, after = asyncio.run(scenario())
-    assert error.status_code == 429 and "queue is full" in error.message
+    assert error.code == "overloaded" and "queue is full" in error.message
     assert np.allclose(after, expected(4.0))
 
 

@@ -104,11 +104,18 @@ def page(browser: Browser, server: tuple[str, dict[str, int]]) -> Iterator[Page]
     pg = context.new_page()
     errors: list[str] = []
     pg.on("pageerror", lambda exc: errors.append(str(exc)))
-    pg.goto(server[0] + "/")
+    # Every UI test runs under the server's Content Security Policy: a blocked script, style or image
+    # (an inline handler, a CDN asset, a blob: preview the policy forgot) is a console error here.
+    blocked: list[str] = []
+    pg.on("console", lambda msg: blocked.append(msg.text) if "Content Security Policy" in msg.text else None)
+    response = pg.goto(server[0] + "/")
+    assert response is not None and "default-src 'self'" in response.headers["content-security-policy"]
+    assert response.headers["x-content-type-options"] == "nosniff"
     expect(pg.locator("#collection option")).not_to_have_count(0)
     yield pg
     context.close()
     assert not errors, f"JavaScript errors: {errors}"
+    assert not blocked, f"blocked by the Content Security Policy: {blocked}"
 
 
 def screenshot(page: Page, name: str) -> None:
@@ -125,9 +132,12 @@ def test_text_search_shows_a_grid_of_thumbnails(page: Page, server: tuple[str, d
     expect(page.locator("#results-title")).to_contain_text("编码")  # per-stage timings shown
     first = cards.first.locator("img")
     expect(first).to_have_attribute("loading", "lazy")
-    page.wait_for_function(
-        "[...document.querySelectorAll('#results img')].every(i => i.complete && i.naturalWidth > 0)"
-    )
+    # Polled from here: wait_for_function evaluates its predicate with eval, which the page's CSP forbids.
+    loaded = "() => [...document.querySelectorAll('#results img')].every(i => i.complete && i.naturalWidth > 0)"
+    deadline = time.monotonic() + 10
+    while not page.evaluate(loaded):
+        assert time.monotonic() < deadline, "thumbnails did not load"
+        time.sleep(0.05)
     scores = [float(s.split()[-1]) for s in page.locator("#results .score").all_inner_texts()]
     assert scores == sorted(scores, reverse=True)
     screenshot(page, "text_search")

@@ -129,7 +129,7 @@ def test_server_down_retries_then_encoder_unavailable(remote_settings: Settings)
         asyncio.run(encoder.start())
     assert "cannot reach Triton server at 127.0.0.1:" in err.value.message
     assert "gave up after 4 attempts" in err.value.message
-    assert err.value.status_code == 503
+    assert err.value.code == "encoder_unavailable"
     # Backoff 0.02 · (1, 2, 4) with jitter ≥ 0.5: at least 70 ms of waiting, and nothing hangs.
     assert 0.07 <= time.perf_counter() - started < 5
     assert not encoder.ready
@@ -226,7 +226,7 @@ def test_bad_image_is_invalid_image_not_a_retry(server: ServerThread, remote_set
 
     with pytest.raises(InvalidImage) as err:
         asyncio.run(scenario())
-    assert err.value.status_code == 422 and "rejected the cnclip_image_bytes inference" in err.value.message
+    assert err.value.code == "invalid_image" and "rejected the cnclip_image_bytes inference" in err.value.message
 
 
 def test_create_encoder_picks_triton_for_a_triton_url(remote_settings: Settings) -> None:

@@ -7,10 +7,11 @@ from typing import Annotated
 from fastapi import APIRouter, File, Form, Request, UploadFile
 
 from api.deps import EncoderDep, LabelSetsDep, MetricsDep, ReadAccess, SettingsDep, run_blocking
-from api.schemas import MAX_LABEL_CHARS, MAX_LABELS, MAX_TEMPLATES, NAME_PATTERN, LabelProbability
+from api.schemas import NAME_PATTERN, LabelProbability
 from api.searching import StageTimer
 from api.uploads import inspect_image, parse_string_list, read_upload
 from retrieval.errors import InvalidInput
+from retrieval.prompts import MAX_LABEL_CHARS, MAX_LABELS, MAX_TEMPLATE_CHARS, MAX_TEMPLATES, check_prompts
 
 router = APIRouter(prefix="/v1", tags=["classify"], dependencies=[ReadAccess])
 
@@ -35,7 +36,9 @@ async def classify(
     """Probabilities over `labels` (or a saved `label_set`), highest first; they sum to 1."""
     timer = StageTimer()
     candidates = parse_string_list(labels, "labels", MAX_LABELS, MAX_LABEL_CHARS)
-    prompt_templates = parse_string_list(templates, "templates", MAX_TEMPLATES, 200) if templates else None
+    prompt_templates = (
+        parse_string_list(templates, "templates", MAX_TEMPLATES, MAX_TEMPLATE_CHARS) if templates else None
+    )
     if candidates is not None and label_set:
         raise InvalidInput("send either labels or label_set, not both")
     if label_set:
@@ -44,10 +47,8 @@ async def classify(
         prompt_templates = prompt_templates or saved.get("templates")
     if not candidates:
         raise InvalidInput("send labels (a JSON list or comma-separated) or the name of a saved label_set")
-    if len(set(candidates)) != len(candidates):
-        raise InvalidInput("labels must be distinct")
-    if prompt_templates and any("{}" not in t for t in prompt_templates):
-        raise InvalidInput("every template must contain {} where the label goes, e.g. 一张{}的照片")
+    # Saved sets are checked again: a file written by an older version may hold what is now refused.
+    check_prompts(candidates, prompt_templates or request.app.state.zeroshot.templates)
     data = await read_upload(file, settings.max_image_bytes)
     await run_blocking(inspect_image, data, settings)
     timer.mark("read")

@@ -1,6 +1,7 @@
 """Items by id: metadata, the image, its thumbnail, similar images, delete.
 
-Media are served only by item id: the file path comes from the catalog, never from the client.
+Media are served only by item id: the file path comes from the catalog, never from the client, and
+`indexer.media_check.verified_media_path` decides whether the file there may still be served.
 """
 
 from __future__ import annotations
@@ -11,44 +12,35 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse
 
 from api.deps import CatalogDep, CollectionsDep, MetricsDep, ReadAccess, WriteAccess, run_blocking
-from api.schemas import MAX_K, Deleted, ItemOut, SearchResponse
+from api.schemas import MAX_K, Deleted, ItemId, ItemOut, SearchResponse
 from api.searching import StageTimer, item_out, result_out
 from api.thumbnails import ensure_thumbnail, thumbnail_path
-from indexer.types import ItemRecord
-from retrieval.errors import NotFound
+from indexer.media_check import verified_media_path
 
 router = APIRouter(prefix="/v1/items", tags=["items"])
 
 _MEDIA_CACHE = {"Cache-Control": "private, max-age=86400"}
 
 
-async def _image_item(catalog: CatalogDep, item_id: int) -> ItemRecord:
-    item = await run_blocking(catalog.get, item_id)
-    if item.kind != "images":
-        raise NotFound(f"item {item_id} is a text; it has no image")
-    return item
-
-
 @router.get("/{item_id}", response_model=ItemOut, dependencies=[ReadAccess])
-async def get_item(item_id: int, catalog: CatalogDep) -> ItemOut:
+async def get_item(item_id: ItemId, catalog: CatalogDep) -> ItemOut:
     return item_out(await run_blocking(catalog.get, item_id))
 
 
 @router.get("/{item_id}/image", response_class=FileResponse, dependencies=[ReadAccess])
-async def get_image(item_id: int, catalog: CatalogDep) -> FileResponse:
-    """The original image bytes."""
-    item = await _image_item(catalog, item_id)
-    path = await run_blocking(catalog.media_path, item_id)
-    if not await run_blocking(path.is_file):
-        raise NotFound(f"the image file of item {item_id} is missing")
+async def get_image(item_id: ItemId, catalog: CatalogDep, request: Request) -> FileResponse:
+    """The original image bytes, while they are still the bytes that were indexed (410 once changed)."""
+    item = await run_blocking(catalog.get, item_id)
+    path = await run_blocking(verified_media_path, item, request.app.state.media_dir)
     return FileResponse(path, media_type=item.mime or "application/octet-stream", headers=_MEDIA_CACHE)
 
 
 @router.get("/{item_id}/thumbnail", response_class=FileResponse, dependencies=[ReadAccess])
-async def get_thumbnail(item_id: int, catalog: CatalogDep, request: Request) -> FileResponse:
-    """A JPEG at most 320 px on its longest side, made on first request and cached."""
-    item = await _image_item(catalog, item_id)
-    source = await run_blocking(catalog.media_path, item_id)
+async def get_thumbnail(item_id: ItemId, catalog: CatalogDep, request: Request) -> FileResponse:
+    """A JPEG at most 320 px on its longest side, made on first request and cached (of the indexed
+    bytes only: the source is checked like the image's)."""
+    item = await run_blocking(catalog.get, item_id)
+    source = await run_blocking(verified_media_path, item, request.app.state.media_dir)
     target = thumbnail_path(request.app.state.thumbs_dir, item)
     path = await run_blocking(ensure_thumbnail, source, target)
     return FileResponse(path, media_type="image/jpeg", headers=_MEDIA_CACHE)
@@ -56,7 +48,7 @@ async def get_thumbnail(item_id: int, catalog: CatalogDep, request: Request) -> 
 
 @router.get("/{item_id}/similar", response_model=SearchResponse, dependencies=[ReadAccess])
 async def similar_items(
-    item_id: int,
+    item_id: ItemId,
     collections: CollectionsDep,
     metrics: MetricsDep,
     k: Annotated[int, Query(ge=1, le=MAX_K)] = 12,
@@ -70,7 +62,7 @@ async def similar_items(
 
 
 @router.delete("/{item_id}", response_model=Deleted, dependencies=[WriteAccess])
-async def delete_item(item_id: int, catalog: CatalogDep, collections: CollectionsDep, request: Request) -> Deleted:
+async def delete_item(item_id: ItemId, catalog: CatalogDep, collections: CollectionsDep, request: Request) -> Deleted:
     """Delete an item. The deletion is remembered: `cnclip index` of its folder does not add the same
     bytes again (unless run with `--restore-deleted`)."""
     item = await run_blocking(catalog.get, item_id)

@@ -8,7 +8,8 @@ from fastapi import APIRouter, Path, Response
 
 from api.deps import LabelSetsDep, ReadAccess, WriteAccess, run_blocking
 from api.schemas import NAME_PATTERN, LabelSet, NamedLabelSet
-from retrieval.errors import InvalidInput
+from retrieval.prompts import check_prompts
+from retrieval.zeroshot import DEFAULT_TEMPLATES
 
 router = APIRouter(prefix="/v1/label-sets", tags=["label sets"])
 
@@ -30,8 +31,7 @@ async def get_label_set(name: SetName, store: LabelSetsDep) -> NamedLabelSet:
 @router.put("/{name}", response_model=NamedLabelSet, dependencies=[WriteAccess])
 async def put_label_set(name: SetName, body: LabelSet, store: LabelSetsDep, response: Response) -> NamedLabelSet:
     """Create or replace a set (201 when new, 200 when replaced)."""
-    if len(set(body.labels)) != len(body.labels):
-        raise InvalidInput("labels must be distinct")
+    check_prompts(body.labels, body.templates or DEFAULT_TEMPLATES)  # the classify route's rule, so it can be used
     created = await run_blocking(store.put, name, body.labels, body.templates)
     response.status_code = 201 if created else 200
     return NamedLabelSet(name=name, labels=body.labels, templates=body.templates)

@@ -32,7 +32,6 @@ SHA256_RE = re.compile(r'^(?:W/)?"?([0-9a-f]{64})"?$')
 class DownloadError(CnclipError):
     """A checkpoint could not be downloaded or failed verification."""
 
-    status_code = 502
     code = "download_failed"
 
 
