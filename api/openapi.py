@@ -84,6 +84,7 @@ ROUTES: dict[tuple[str, str], tuple[str, set[int]]] = {
     ("get", "/v1/collections"): (_R, _CAT),
     ("post", "/v1/collections"): (_W, _CAT | {409}),
     ("get", "/v1/collections/{name}"): (_R, _CAT),
+    ("delete", "/v1/collections/{name}"): (_W, _CAT),
     ("post", "/v1/collections/{name}/items"): (_W, _ENC | _CAT | {409}),
     ("post", "/v1/collections/{name}/texts"): (_W, _ENC | _CAT | {409}),
     ("get", "/v1/items/{item_id}"): (_R, _CAT),
