@@ -48,6 +48,7 @@ def create_app(settings: Settings, encoder: Encoder | None = None, catalog: Cata
             app.state.catalog = cat
             app.state.encoder = enc
             app.state.zeroshot = ZeroShotClassifier(enc)
+            metrics.label_cache.watch(app.state.zeroshot)
             try:
                 if not enc.ready:
                     log.info("warming up the encoder (%s)", getattr(enc, "model_id", "?"))

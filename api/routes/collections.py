@@ -6,7 +6,16 @@ from typing import Annotated
 
 from fastapi import APIRouter, File, Form, Path, UploadFile
 
-from api.deps import CatalogDep, CollectionsDep, EncoderDep, ReadAccess, SettingsDep, WriteAccess, run_blocking
+from api.deps import (
+    CatalogDep,
+    CollectionsDep,
+    EncoderDep,
+    MetricsDep,
+    ReadAccess,
+    SettingsDep,
+    WriteAccess,
+    run_blocking,
+)
 from api.schemas import (
     MAX_QUERY_CHARS,
     MAX_TAGS,
@@ -90,6 +99,7 @@ async def add_image(
     collections: CollectionsDep,
     encoder: EncoderDep,
     settings: SettingsDep,
+    metrics: MetricsDep,
     caption: Annotated[str | None, Form(max_length=MAX_QUERY_CHARS)] = None,
     tags: Annotated[str | None, Form(description="Comma-separated (猫,室内) or a JSON list.")] = None,
 ) -> AddedItem:
@@ -101,12 +111,18 @@ async def add_image(
     vectors = await encoder.embed_images([data])
     new = NewImage(data=data, caption=(caption or "").strip() or None, tags=tag_list)
     [added] = await run_blocking(catalog.add_images, name, [new], vectors)
+    metrics.items_indexed.labels(name, "images").inc(int(added.created))
     return AddedItem(id=added.id, created=added.created)
 
 
 @router.post("/{name}/texts", response_model=AddedItems, status_code=201, dependencies=[WriteAccess])
 async def add_texts(
-    name: Name, body: AddTextsRequest, catalog: CatalogDep, collections: CollectionsDep, encoder: EncoderDep
+    name: Name,
+    body: AddTextsRequest,
+    catalog: CatalogDep,
+    collections: CollectionsDep,
+    encoder: EncoderDep,
+    metrics: MetricsDep,
 ) -> AddedItems:
     """Add texts (captions, tags, sentences) to a text collection, for image → text search."""
     await _writable(collections, catalog, name, "texts", encoder.dim)
@@ -117,4 +133,5 @@ async def add_texts(
         vectors = await encoder.embed_texts([t.text for t in chunk])
         new = [NewText(text=t.text, tags=list(t.tags)) for t in chunk]
         added += await run_blocking(catalog.add_texts, name, new, vectors)
+    metrics.items_indexed.labels(name, "texts").inc(sum(a.created for a in added))
     return AddedItems(items=[AddedItem(id=a.id, created=a.created) for a in added])
