@@ -50,7 +50,7 @@ async def get_thumbnail(item_id: int, catalog: CatalogDep, request: Request) -> 
     item = await _image_item(catalog, item_id)
     source = await run_blocking(catalog.media_path, item_id)
     target = thumbnail_path(request.app.state.thumbs_dir, item)
-    path = await run_blocking(ensure_thumbnail, source, target)
+    path = await run_blocking(ensure_thumbnail, source, target, request.app.state.settings.max_image_pixels)
     return FileResponse(path, media_type="image/jpeg", headers=_MEDIA_CACHE)
 
 
