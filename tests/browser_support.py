@@ -21,7 +21,6 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import httpx
-import pytest
 import uvicorn
 from playwright.sync_api import Browser, Page, Request, Route, expect, sync_playwright
 
@@ -176,13 +175,3 @@ def open_page(browser: Browser, url: str, width: int, log: PageLog) -> Page:
 def screenshot(page: Page, name: str) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, toy_model_dir: Path) -> Iterator[Server]:
-    yield from run_server(tmp_path_factory.mktemp("browser"), toy_model_dir)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    yield from launch_browser()
