@@ -2,8 +2,9 @@
 catalog, seeded through the API), Debian's Chromium via Playwright, and pages that
 
 - cannot reach anything but the loopback server (every other request is aborted and recorded),
-- are served under a strict Content-Security-Policy (added by the test to every document), so
-  an inline script, inline handler or external asset shows up as a violation,
+- are served under a strict Content-Security-Policy (added by the test to every document: `UI_CSP`,
+  or `DOCS_CSP` for /docs and /redoc), so an inline script, inline handler or external asset shows
+  up as a violation,
 - fail the test on any JavaScript error, CSP violation or failed (4xx/5xx) request.
 
 Each test saves screenshots into tests/artifacts/ (gitignored) for a human to look at.
@@ -45,12 +46,15 @@ CHROMIUM_ARGS = [
 TEXTS = ["一只猫在沙发上睡觉", "草地上奔跑的小狗", "城市街道上的黄色出租车", "夕阳下的海滩", "雪山和蓝天"]
 WIDTHS = [1280, 390]  # a laptop, a phone
 LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
-# What the pages must work under: nothing but our own origin for scripts, styles, fonts and
-# connections. Images may also be blob: (the upload preview) and data: (Swagger UI's icons);
-# inline styles are allowed because Swagger UI and ReDoc set them from their JavaScript.
-CSP = (
-    "default-src 'self'; script-src 'self'; style-src 'self' 'unsafe-inline'; "
-    "img-src 'self' data: blob:; worker-src 'self' blob:; object-src 'none'; base-uri 'none'"
+# What the pages must work under (the server's own policy may be stricter elsewhere, not looser):
+# nothing but our own origin. The UI also shows the chosen image before upload (a blob: URL).
+UI_CSP = "default-src 'self'; img-src 'self' blob:; object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
+# The docs pages need three more, each checked by removing it: ReDoc renders nothing without
+# inline styles (it injects <style> elements), both draw icons from data: URLs, and ReDoc runs
+# its search index in a worker made from a blob: URL.
+DOCS_CSP = (
+    "default-src 'self'; style-src 'self' 'unsafe-inline'; img-src 'self' data:; worker-src 'self' blob:; "
+    "object-src 'none'; base-uri 'none'; frame-ancestors 'none'"
 )
 
 
@@ -133,9 +137,13 @@ class PageLog:
         assert not self.failed, f"failed requests: {self.failed}"
 
 
+def csp_for(url: str) -> str:
+    return DOCS_CSP if urlparse(url).path in ("/docs", "/redoc") else UI_CSP
+
+
 def open_page(browser: Browser, url: str, width: int, log: PageLog) -> Page:
-    """A fresh context at `width` px that reaches only loopback hosts and serves documents
-    under `CSP`; `log` collects what went wrong."""
+    """A fresh context at `width` px that reaches only loopback hosts and serves each document
+    under its policy (`csp_for`); `log` collects what went wrong."""
     context = browser.new_context(viewport={"width": width, "height": 900}, locale="zh-CN")
 
     def handle(route: Route, request: Request) -> None:
@@ -144,7 +152,9 @@ def open_page(browser: Browser, url: str, width: int, log: PageLog) -> Page:
             route.abort("blockedbyclient")
         elif request.resource_type == "document":
             response = route.fetch()
-            route.fulfill(response=response, headers={**response.headers, "content-security-policy": CSP})
+            route.fulfill(
+                response=response, headers={**response.headers, "content-security-policy": csp_for(request.url)}
+            )
         else:
             route.continue_()
 
