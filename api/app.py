@@ -14,6 +14,7 @@ from fastapi.staticfiles import StaticFiles
 
 from api import kserve
 from api.blocking import run_blocking
+from api.docs import install_docs
 from api.errors import install_error_handlers
 from api.label_store import LabelSetStore
 from api.limits import FORM_OVERHEAD, BodySizeLimitMiddleware
@@ -52,6 +53,7 @@ def create_app(settings: Settings, encoder: Encoder | None = None, catalog: Cata
             app.state.encoder = enc
             app.state.service = collection_service(cat, enc, settings)  # type: ignore[arg-type]
             app.state.zeroshot = ZeroShotClassifier(enc)
+            metrics.label_cache.watch(app.state.zeroshot)
             try:
                 if not enc.ready:
                     log.info("warming up the encoder (%s)", getattr(enc, "model_id", "?"))
@@ -72,6 +74,8 @@ def create_app(settings: Settings, encoder: Encoder | None = None, catalog: Cata
         summary="Cross-modal search with Chinese CLIP: text→image, image→text, image→image, zero-shot.",
         version="0.1.0",
         lifespan=lifespan,
+        docs_url=None,  # FastAPI's pages load their JavaScript from a CDN; api/docs.py serves local ones
+        redoc_url=None,
     )
     app.state.settings = settings
     app.state.metrics = metrics
@@ -91,7 +95,15 @@ def create_app(settings: Settings, encoder: Encoder | None = None, catalog: Cata
     async def index() -> FileResponse:
         return FileResponse(WEB_DIR / "index.html", headers={"Cache-Control": "no-cache"})
 
+    @app.get("/favicon.ico", include_in_schema=False)
+    async def favicon() -> FileResponse:
+        # Pages link /static/favicon.svg; this answers the browsers' default request (no 404s).
+        return FileResponse(
+            WEB_DIR / "favicon.svg", media_type="image/svg+xml", headers={"Cache-Control": "max-age=86400"}
+        )
+
     app.mount("/static", StaticFiles(directory=WEB_DIR), name="static")
+    install_docs(app)
 
     # The last added runs outermost: metrics time every request, including bodies the cap refuses.
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_image_bytes + FORM_OVERHEAD)

@@ -1,7 +1,11 @@
 """Prometheus metrics on a registry of the app's own (no module globals, so two apps in one
-process — as in tests — never share or clash).
+process — as in tests — never share or clash). Names follow Prometheus conventions: counters end
+in `_total`, durations are in seconds, and no `_created` series are exposed.
 
-- request latency per route template and status (a middleware),
+- requests (count and latency) per route template and status, and errors per error code (a
+  middleware; static files are one route label per mount, unknown paths `unmatched`),
+- items indexed through the API per collection, embeddings computed per tower, hits and misses of
+  the zero-shot label-embedding cache (the service's only cache),
 - per-stage timings of searches (encode, search, db) from the routes,
 - the encoder's batches: size per tower, inference time per tower and bucket (an
   `EncoderObserver` the encoder calls after every batch),
@@ -10,12 +14,16 @@ process — as in tests — never share or clash).
 
 from __future__ import annotations
 
+import json
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE_LATEST
-from prometheus_client import CollectorRegistry, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
+from starlette.routing import Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from indexer.types import Catalog
@@ -32,6 +40,29 @@ class ServiceMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
+        self.requests = Counter(
+            "cnclip_http_requests_total",
+            "HTTP requests by route template and status.",
+            ["method", "route", "status"],
+            registry=r,
+        )
+        self.errors = Counter(
+            "cnclip_http_errors_total",
+            "Error responses by route template and error code.",
+            ["route", "code"],
+            registry=r,
+        )
+        self.items_indexed = Counter(
+            "cnclip_items_indexed_total",
+            "Items added through the API (duplicates not counted).",
+            ["collection", "kind"],
+            registry=r,
+        )
+        self.embeddings = Counter(
+            "cnclip_embeddings_total", "Inputs embedded by the model, by tower.", ["tower"], registry=r
+        )
+        self.label_cache = _LabelCacheCollector()
+        r.register(self.label_cache)
         self.request_seconds = Histogram(
             "cnclip_http_request_duration_seconds",
             "HTTP request latency by route template.",
@@ -79,6 +110,7 @@ class ServiceMetrics:
     def batch_done(self, tower: str, bucket: int, items: int, timings: Mapping[str, float]) -> None:
         """Called by the encoder after every batch; `timings` are seconds per stage."""
         self.batch_items.labels(tower).observe(items)
+        self.embeddings.labels(tower).inc(items)
         for stage, seconds in timings.items():
             self.batch_stage_seconds.labels(tower, stage).observe(seconds)
             if stage == "inference":
@@ -104,12 +136,84 @@ class ServiceMetrics:
                 self.collection_vectors.labels(c.name, c.kind).set(c.vectors)
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        return generate_latest(_WithoutCreated(self.registry))
+
+
+class _LabelCacheCollector(Collector):
+    """Hits and misses of the zero-shot classifier's label-embedding cache, read at scrape time
+    from the classifier that counts them (it lives in `retrieval`, which knows nothing of
+    Prometheus). Until `watch` is called the counters read 0."""
+
+    def __init__(self) -> None:
+        self.classifier: Any = None
+
+    def watch(self, classifier: Any) -> None:
+        self.classifier = classifier
+
+    def describe(self) -> Iterable[Metric]:
+        return self._families(0, 0)
+
+    def collect(self) -> Iterable[Metric]:
+        c = self.classifier
+        return self._families(getattr(c, "cache_hits", 0), getattr(c, "cache_misses", 0))
+
+    @staticmethod
+    def _families(hits: int, misses: int) -> list[Metric]:
+        return [
+            CounterMetricFamily("cnclip_label_cache_hits", "Zero-shot label embeddings served from the cache.", hits),
+            CounterMetricFamily(
+                "cnclip_label_cache_misses", "Zero-shot label embeddings computed by the model.", misses
+            ),
+        ]
+
+
+class _WithoutCreated(Collector):
+    """The registry's metrics minus their `_created` samples. prometheus_client only offers a
+    process-wide switch for these (an env var read at import, or `disable_created_metrics()`),
+    which would reach into every other registry in the process; filtering here is local."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+
+    def collect(self) -> Iterable[Metric]:
+        for metric in self.registry.collect():
+            kept = Metric(metric.name, metric.documentation, metric.type, metric.unit)
+            kept.samples = [s for s in metric.samples if not s.name.endswith("_created")]
+            yield kept
+
+
+_ERROR_BODY_LIMIT = 64 * 1024  # an error body is one small JSON object; never buffer more
+
+
+def route_label(scope: Scope, before_routing: Scope) -> str:
+    """The label for a request: the route's template (`/v1/items/{item_id}`), never the raw path,
+    so ids do not blow up the label set; the files of a static mount are one value
+    (`/static/{path}`); anything else is `unmatched` (unknown paths, and bodies the size cap
+    refused before routing). A mount rewrites the paths in `scope`, so mounts are matched
+    against `before_routing`, a copy of the scope taken first."""
+    template = getattr(scope.get("route"), "path", None)
+    if template:
+        return str(template)
+    for route in getattr(scope.get("app"), "routes", ()):
+        if isinstance(route, Mount) and route.matches(before_routing)[0] is Match.FULL:
+            return f"{route.path}/{{path}}"
+    return "unmatched"
+
+
+def _error_code(body: bytes) -> str | None:
+    """The `code` of the API's one error shape, `{"error": {"code": ..., "message": ...}}`."""
+    try:
+        error = json.loads(body).get("error")
+    except (ValueError, AttributeError):
+        return None
+    code = error.get("code") if isinstance(error, dict) else None
+    return code if isinstance(code, str) else None
 
 
 class RequestMetricsMiddleware:
-    """Times every HTTP request, labelled by the matched route's template (`/v1/items/{item_id}`),
-    never the raw path, so ids do not blow up the label set."""
+    """Counts and times every HTTP request by route template and status; for 4xx/5xx responses
+    also counts the error code read from the body (so errors answered by any layer — the error
+    handlers, the body-size cap — are counted alike)."""
 
     def __init__(self, app: ASGIApp, metrics: ServiceMetrics) -> None:
         self.app = app
@@ -120,19 +224,32 @@ class RequestMetricsMiddleware:
             await self.app(scope, receive, send)
             return
         start = time.perf_counter()
+        before_routing = dict(scope)
         status = 500
+        is_json = False
+        error_body = b""
 
         async def send_with_status(message: Message) -> None:
-            nonlocal status
+            nonlocal status, is_json, error_body
             if message["type"] == "http.response.start":
                 status = message["status"]
+                content_type = dict(message.get("headers", ())).get(b"content-type", b"")
+                is_json = content_type.startswith(b"application/json")
+            elif message["type"] == "http.response.body" and status >= 400 and is_json:
+                error_body = (error_body + message.get("body", b""))[:_ERROR_BODY_LIMIT]
             await send(message)
 
         try:
             await self.app(scope, receive, send_with_status)
         finally:
-            route = scope.get("route")
-            template = getattr(route, "path", None) or "unmatched"
-            self.metrics.request_seconds.labels(scope["method"], template, str(status)).observe(
+            # An exception escaping the app is answered 500 by Starlette's outermost middleware.
+            route = route_label(scope, before_routing)
+            self.metrics.request_seconds.labels(scope["method"], route, str(status)).observe(
                 time.perf_counter() - start
             )
+            self.metrics.requests.labels(scope["method"], route, str(status)).inc()
+            if status >= 400:
+                code = _error_code(error_body) if error_body else None
+                self.metrics.errors.labels(
+                    route, code or ("internal_error" if status >= 500 else f"http_{status}")
+                ).inc()

@@ -50,9 +50,9 @@ def take(out: Path, query: str = "红色的星星") -> None:
             page.select_option("#collection", "demo")
             page.fill("#query", query)
             page.click("#search-button")
-            page.wait_for_selector("#results .card")
+            page.wait_for_selector("#panel-text .results .card")
             page.wait_for_function(
-                "[...document.querySelectorAll('#results img')].every(i => i.complete && i.naturalWidth > 0)"
+                "[...document.querySelectorAll('#panel-text .results img')].every(i => i.complete && i.naturalWidth > 0)"
             )
             out.parent.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(out))

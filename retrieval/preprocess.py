@@ -110,12 +110,19 @@ def _to_8_bit(image: Image.Image) -> Image.Image:
     return Image.fromarray(scaled)
 
 
-def decode_image(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
-    """Decode the first frame, apply EXIF orientation and bring 16-bit images to 8 bits."""
+def decode_image(
+    data: bytes, max_bytes: int = DEFAULT_MAX_BYTES, max_pixels: int = DEFAULT_MAX_PIXELS, draft: int | None = None
+) -> Image.Image:
+    """Decode the first frame, apply EXIF orientation and bring 16-bit images to 8 bits.
+
+    `draft` (px): JPEGs may be decoded at a reduced scale no smaller than draft × draft — for
+    thumbnails, never for the model (it would change the embeddings)."""
     _check_size(data, max_bytes)
     image = _open(data, max_pixels)
     try:
         image.seek(0)
+        if draft is not None:
+            image.draft(image.mode, (draft, draft))  # the same mode: only the scale changes
         image.load()
         image = ImageOps.exif_transpose(image) or image
     except _DECODE_ERRORS as exc:

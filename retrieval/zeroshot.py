@@ -46,6 +46,9 @@ class ZeroShotClassifier:
         self.templates = tuple(templates)
         self.cache_size = cache_size
         self._cache: OrderedDict[tuple[str, tuple[str, ...], str], np.ndarray] = OrderedDict()
+        # Per label looked up, read by the service's metrics at scrape time.
+        self.cache_hits = 0
+        self.cache_misses = 0
 
     async def label_embeddings(self, labels: Sequence[str], templates: Sequence[str] | None = None) -> np.ndarray:
         """(len(labels), dim) float32: per label the renormalised mean of its template texts' vectors."""
@@ -53,6 +56,8 @@ class ZeroShotClassifier:
         check_prompts(labels, chosen)
         keys = [(self.encoder.model_id, chosen, label) for label in labels]
         missing = [label for label, key in zip(labels, keys, strict=True) if key not in self._cache]
+        self.cache_misses += len(missing)
+        self.cache_hits += len(labels) - len(missing)
         if missing:
             texts = [fill(template, label) for label in missing for template in chosen]
             vectors = np.asarray(await self.encoder.embed_texts(texts), dtype=np.float32)

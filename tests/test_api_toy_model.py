@@ -92,8 +92,17 @@ def test_classify_with_the_real_encoder(client: TestClient) -> None:
     assert got == pytest.approx(dict(zip(labels, p.tolist(), strict=True)), abs=1e-4)
 
 
+def _embeddings_total(client: TestClient, tower: str) -> float:
+    prefix = f'cnclip_embeddings_total{{tower="{tower}"}} '
+    return sum(
+        float(line.removeprefix(prefix)) for line in client.get("/metrics").text.splitlines() if line.startswith(prefix)
+    )
+
+
 def test_metrics_show_real_batches(client: TestClient) -> None:
+    texts_before = _embeddings_total(client, "text")
     client.post("/v1/search/text", json={"query": "猫"})
+    assert _embeddings_total(client, "text") == texts_before + 1  # the encoder reports every batch
     text = client.get("/metrics").text
     assert 'cnclip_inference_seconds_count{bucket="1",tower="text"}' in text
     assert 'cnclip_inference_seconds_count{bucket="1",tower="image"}' in text

@@ -1,158 +1,21 @@
-// The search UI: plain JavaScript, no build step. Talks only to the /v1 REST API.
+// The search UI: plain JavaScript, no build step. Talks only to the /v1 REST API; the API client,
+// error texts and views are in views.js (loaded first). No inline scripts or handlers anywhere:
+// the pages are served under a script-src 'self' Content-Security-Policy.
 "use strict";
 
-const $ = (selector) => document.querySelector(selector);
-const state = { imageFile: null, classifyFile: null, lastSearch: null };
-
-// ---------------------------------------------------------------- API
-class ApiError extends Error {
-  constructor(status, code, message) {
-    super(message);
-    this.status = status;
-    this.code = code;
-  }
-}
-
-function authHeaders() {
-  const key = localStorage.getItem("cnclip-api-key");
-  return key ? { "X-API-Key": key } : {};
-}
-
-async function api(path, options = {}) {
-  const headers = { ...authHeaders(), ...(options.headers || {}) };
-  let response;
-  try {
-    response = await fetch(path, { ...options, headers });
-  } catch (err) {
-    throw new ApiError(0, "network", "无法连接服务器，请检查网络或服务是否在运行。");
-  }
-  if (response.status === 204) return null;
-  const body = await response.json().catch(() => null);
-  if (!response.ok) {
-    const error = body && body.error ? body.error : { code: "http_error", message: `HTTP ${response.status}` };
-    throw new ApiError(response.status, error.code, error.message);
-  }
-  return body;
-}
-
-const postJson = (path, data) =>
-  api(path, { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(data) });
-
-// ---------------------------------------------------------------- states
-const ERROR_HINTS = {
-  unauthorized: "需要 API 密钥：点击右上角「API 密钥」填写。",
-  overloaded: "服务繁忙，请稍后重试。",
-  payload_too_large: "图片太大。",
-  invalid_image: "无法识别这张图片。",
-  not_found: "没有找到。",
-  encoder_unavailable: "模型正在加载，请稍后重试。",
-};
-
-function showStatus(text) {
-  const status = $("#status");
-  status.innerHTML = "";
-  if (text) {
-    const spinner = document.createElement("span");
-    spinner.className = "spinner";
-    status.append(spinner, document.createTextNode(text));
-  }
-  status.hidden = !text;
-}
-
-function showError(err) {
-  const box = $("#error");
-  if (!err) {
-    box.hidden = true;
-    box.textContent = "";
-    return;
-  }
-  const hint = ERROR_HINTS[err.code] || "出错了。";
-  box.textContent = `${hint}（${err.message}）`;
-  box.hidden = false;
-}
-
-async function withStatus(text, task) {
-  showError(null);
-  showStatus(text);
-  try {
-    return await task();
-  } catch (err) {
-    showError(err instanceof ApiError ? err : new ApiError(0, "client", String(err)));
-    return undefined;
-  } finally {
-    showStatus("");
-  }
-}
-
-// ---------------------------------------------------------------- results
-function formatTimings(timings) {
-  if (!timings) return "";
-  const names = { read: "读取", encode: "编码", search: "检索", db: "数据库", total: "总计" };
-  return Object.entries(timings)
-    .map(([stage, ms]) => `${names[stage] || stage} ${ms.toFixed(1)} ms`)
-    .join(" · ");
-}
-
-function renderResults(response, title) {
-  // Remember the last search so "back" from an item page shows it again.
-  if (!location.hash.startsWith("#/item/")) state.lastSearch = [response, title];
-  const list = $("#results");
-  list.innerHTML = "";
-  const heading = $("#results-title");
-  heading.hidden = false;
-  if (!response.results.length) {
-    heading.textContent = "";
-    const empty = document.createElement("li");
-    empty.className = "empty";
-    empty.textContent = "没有找到结果。换个说法试试，或选择其他集合。";
-    list.append(empty);
-    return;
-  }
-  heading.textContent = `${title}：${response.results.length} 条结果（集合 ${response.collection}） — ${formatTimings(response.timings)}`;
-  for (const result of response.results) list.append(resultCard(result));
-}
-
-function resultCard(result) {
-  const li = document.createElement("li");
-  li.className = result.thumbnail_url ? "card" : "card text-card";
-  li.dataset.id = result.id;
-  const link = document.createElement("a");
-  link.href = result.thumbnail_url ? `#/item/${result.id}` : "#";
-  if (result.thumbnail_url) {
-    const img = document.createElement("img");
-    img.loading = "lazy";
-    img.decoding = "async";
-    img.src = result.thumbnail_url;
-    img.alt = result.caption || `图片 ${result.id}`;
-    if (result.width && result.height) {
-      img.width = result.width;
-      img.height = result.height;
-    }
-    link.append(img);
-  } else {
-    link.addEventListener("click", (e) => e.preventDefault());
-  }
-  const caption = document.createElement("span");
-  caption.className = "caption";
-  caption.textContent = result.caption || "（无描述）";
-  const score = document.createElement("span");
-  score.className = "score";
-  score.textContent = `相似度 ${result.score.toFixed(3)}`;
-  link.append(caption, score);
-  li.append(link);
-  return li;
-}
+const state = { imageFile: null, classifyFile: null, itemId: null };
+const views = {};
 
 // ---------------------------------------------------------------- collections
 async function loadCollections() {
-  const collections = await withStatus("正在加载集合…", () => api("/v1/collections"));
+  const collections = await views.text.run("正在加载集合…", () => api("/v1/collections"));
   if (!collections) return;
   fillSelect($("#collection"), collections.filter((c) => c.kind === "images"), "还没有图片集合");
   fillSelect($("#text-collection"), collections.filter((c) => c.kind === "texts"), "还没有文字集合");
 }
 
 function fillSelect(select, collections, emptyText) {
-  select.innerHTML = "";
+  select.replaceChildren();
   if (!collections.length) {
     select.append(new Option(emptyText, ""));
     return;
@@ -169,26 +32,39 @@ const chosen = (select) => select.value || undefined;
 // ---------------------------------------------------------------- text → image
 async function searchText(event) {
   event.preventDefault();
+  const view = views.text;
   const query = $("#query").value.trim();
-  if (!query) return;
-  closeItem();
+  if (!query) {
+    view.clearResults();
+    view.showError(new ApiError(0, "empty_query", ""));
+    $("#query").focus();
+    return;
+  }
   const request = { query, k: Number($("#k").value), collection: chosen($("#collection")) };
-  const response = await withStatus("正在搜索…", () => postJson("/v1/search/text", request));
-  if (response) renderResults(response, `“${query}”`);
+  const response = await view.run("正在搜索…", () => postJson("/v1/search/text", request));
+  if (response) view.renderResults(response, `“${query}”`);
 }
 
 // ---------------------------------------------------------------- image input: drop, paste, pick
-function setupDropZone(zone, input, onFile) {
+// Choosing an image only shows it; the caller decides what runs next.
+function setupDropZone(zone, input, view, onFile) {
+  const preview = $(".preview", zone);
+  const fileName = $(".file-name", zone);
+  preview.addEventListener("error", () => {
+    preview.hidden = true; // a format the browser cannot show (TIFF): the file name says what was chosen
+  });
   const accept = (file) => {
     if (!file) return;
-    if (!file.type.startsWith("image/")) {
-      showError(new ApiError(0, "invalid_image", `${file.name} 不是图片`));
+    if (!file.type.startsWith("image/") && !/\.tiff?$/i.test(file.name)) {
+      view.showError(new ApiError(0, "not_an_image", file.name));
       return;
     }
-    const preview = zone.querySelector(".preview");
+    view.showError(null);
     if (preview.src) URL.revokeObjectURL(preview.src);
     preview.src = URL.createObjectURL(file);
     preview.hidden = false;
+    fileName.textContent = `已选择：${file.name}`;
+    fileName.hidden = false;
     zone.classList.add("has-image");
     onFile(file);
   };
@@ -216,7 +92,7 @@ function currentTab() {
 
 async function searchImage() {
   if (!state.imageFile) return;
-  closeItem();
+  const view = views.image;
   const target = document.querySelector('input[name="target"]:checked').value;
   const form = new FormData();
   form.append("file", state.imageFile);
@@ -224,8 +100,9 @@ async function searchImage() {
   form.append("target", target);
   const collection = chosen(target === "texts" ? $("#text-collection") : $("#collection"));
   if (collection) form.append("collection", collection);
-  const response = await withStatus("正在以图搜索…", () => api("/v1/search/image", { method: "POST", body: form }));
-  if (response) renderResults(response, target === "texts" ? "匹配的文字" : "相似图片");
+  const response = await view.run("正在以图搜索…", () => api("/v1/search/image", { method: "POST", body: form }));
+  if (response) view.renderResults(response, target === "texts" ? "匹配的文字" : "相似图片");
+  else view.clearResults();
 }
 
 // ---------------------------------------------------------------- zero-shot classification
@@ -234,31 +111,31 @@ function parseLabels() {
 }
 
 async function classify() {
-  if (!state.classifyFile) return;
+  const view = views.classify;
+  const list = $("#probabilities");
+  list.replaceChildren();
+  list.hidden = true;
   const labels = parseLabels();
+  if (!labels.length) {
+    view.showError(new ApiError(0, "no_labels", ""));
+    return;
+  }
   const form = new FormData();
   form.append("file", state.classifyFile);
   form.append("labels", JSON.stringify(labels));
-  const list = $("#probabilities");
-  list.innerHTML = "";
-  const ranked = await withStatus("正在分类…", () => api("/v1/classify", { method: "POST", body: form }));
+  const ranked = await view.run("正在分类…", () => api("/v1/classify", { method: "POST", body: form }));
   if (!ranked) return;
   for (const { label, probability } of ranked) {
     const li = document.createElement("li");
-    const name = document.createElement("span");
-    name.className = "label";
-    name.textContent = label;
     const bar = document.createElement("span");
     bar.className = "bar";
     const fill = document.createElement("span");
-    fill.style.width = `${(probability * 100).toFixed(1)}%`;
+    fill.style.width = `${(probability * 100).toFixed(1)}%`; // CSSOM, not a style attribute: CSP-safe
     bar.append(fill);
-    const value = document.createElement("span");
-    value.className = "value";
-    value.textContent = `${(probability * 100).toFixed(1)}%`;
-    li.append(name, bar, value);
+    li.append(textLine("label", label), bar, textLine("value", `${(probability * 100).toFixed(1)}%`));
     list.append(li);
   }
+  list.hidden = false;
 }
 
 async function loadLabelSets() {
@@ -270,45 +147,63 @@ async function loadLabelSets() {
 }
 
 async function saveLabelSet() {
+  const view = views.classify;
+  const labels = parseLabels();
+  if (!labels.length) {
+    view.showError(new ApiError(0, "no_labels", ""));
+    return;
+  }
   const name = prompt("标签集名称（字母、数字、汉字、_ - .）");
   if (!name) return;
-  const saved = await withStatus("正在保存…", () =>
-    api(`/v1/label-sets/${encodeURIComponent(name)}`, {
-      method: "PUT",
-      headers: { "Content-Type": "application/json" },
-      body: JSON.stringify({ labels: parseLabels() }),
-    }),
+  const saved = await view.run(
+    "正在保存…",
+    () =>
+      api(`/v1/label-sets/${encodeURIComponent(name)}`, {
+        method: "PUT",
+        headers: { "Content-Type": "application/json" },
+        body: JSON.stringify({ labels }),
+      }),
+    { invalid_input: "标签集名称只能包含字母、数字、汉字和 _ - .，最多 64 个字符；标签每个最多 100 个字符。" },
   );
-  if (saved) await loadLabelSets();
+  if (saved !== undefined) await loadLabelSets();
 }
 
 // ---------------------------------------------------------------- item page
 async function openItem(id) {
-  const item = await withStatus("正在加载…", () => api(`/v1/items/${id}`));
-  if (!item) return;
+  const view = views.item;
+  state.itemId = id;
+  showItemPage(true);
+  view.clearResults();
+  $("#item-image").removeAttribute("src");
+  for (const el of ["#item-caption", "#item-file", "#item-tags", "#item-meta"]) $(el).textContent = "";
+  const item = await view.run("正在加载…", () => api(`/v1/items/${id}`), {
+    not_found: "没有找到这张图片，它可能已被删除。",
+  });
+  if (!item || state.itemId !== id) return;
   $("#item-image").src = item.image_url;
-  $("#item-image").alt = item.caption || "";
-  $("#item-caption").textContent = item.caption || "（无描述）";
+  $("#item-image").alt = item.caption || item.filename || "";
+  $("#item-caption").textContent = item.caption || item.filename || "（无描述）";
+  $("#item-file").textContent = item.filename ? `文件：${item.path || item.filename}` : "";
+  $("#item-file").hidden = !item.filename;
   $("#item-tags").textContent = item.tags.length ? item.tags.map((t) => `#${t}`).join(" ") : "";
   $("#item-meta").textContent = `${item.width}×${item.height} · ${item.mime || ""} · 集合 ${item.collection}`;
-  $("#item-view").hidden = false;
-  const similar = await withStatus("正在查找相似图片…", () => api(`/v1/items/${id}/similar?k=${$("#k").value}`));
-  if (similar) renderResults(similar, "相似图片");
   window.scrollTo(0, 0);
+  const similar = await view.run("正在查找相似图片…", () => api(`/v1/items/${id}/similar?k=${$("#k").value}`));
+  if (similar && state.itemId === id) view.renderResults(similar, "相似图片");
 }
 
-function closeItem() {
-  $("#item-view").hidden = true;
+// The item page replaces the tabs while it is open; the tabs keep their results underneath.
+function showItemPage(open) {
+  views.item.root.hidden = !open;
+  $("#tabs").hidden = open;
+  for (const tab of ["text", "image", "classify"]) views[tab].root.hidden = open || tab !== currentTab();
+  if (!open) state.itemId = null;
 }
 
 function route() {
   const match = location.hash.match(/^#\/item\/(\d+)$/);
-  if (match) {
-    openItem(match[1]);
-  } else {
-    closeItem();
-    if (state.lastSearch) renderResults(...state.lastSearch);
-  }
+  if (match) openItem(match[1]);
+  else showItemPage(false);
 }
 
 // ---------------------------------------------------------------- wiring
@@ -316,25 +211,31 @@ function selectTab(tab) {
   for (const button of document.querySelectorAll('[role="tab"]')) {
     const selected = button.dataset.tab === tab;
     button.setAttribute("aria-selected", String(selected));
-    $(`#panel-${button.dataset.tab}`).hidden = !selected;
+    views[button.dataset.tab].root.hidden = !selected;
   }
 }
 
 function init() {
+  for (const name of ["text", "image", "classify"]) views[name] = new View($(`#panel-${name}`));
+  views.item = new View($("#item-view"));
+
   for (const button of document.querySelectorAll('[role="tab"]')) {
     button.addEventListener("click", () => selectTab(button.dataset.tab));
   }
   $("#text-form").addEventListener("submit", searchText);
 
-  const acceptSearchImage = setupDropZone($("#image-drop"), $("#image-file"), (file) => {
+  // Image search runs as soon as an image is chosen (as image search engines do); classification
+  // waits for the button, since the labels usually need editing first.
+  const acceptSearchImage = setupDropZone($("#image-drop"), $("#image-file"), views.image, (file) => {
     state.imageFile = file;
     $("#image-search-button").disabled = false;
     searchImage();
   });
-  const acceptClassifyImage = setupDropZone($("#classify-drop"), $("#classify-file"), (file) => {
+  const acceptClassifyImage = setupDropZone($("#classify-drop"), $("#classify-file"), views.classify, (file) => {
     state.classifyFile = file;
     $("#classify-button").disabled = false;
-    classify();
+    $("#probabilities").replaceChildren(); // the bars belonged to the previous image
+    $("#probabilities").hidden = true;
   });
   $("#image-search-button").addEventListener("click", searchImage);
   $("#classify-button").addEventListener("click", classify);
@@ -349,6 +250,7 @@ function init() {
     const file = [...(event.clipboardData?.files || [])].find((f) => f.type.startsWith("image/"));
     if (!file) return;
     event.preventDefault();
+    if (state.itemId) location.hash = "#/"; // leave the item page for the tab the image goes to
     if (currentTab() === "classify") acceptClassifyImage(file);
     else {
       selectTab("image");
@@ -368,7 +270,10 @@ function init() {
     else localStorage.removeItem("cnclip-api-key");
     loadCollections();
   });
-  $("#back").addEventListener("click", () => history.back());
+  $("#back").addEventListener("click", () => {
+    if (history.length > 1) history.back();
+    else location.hash = "#/";
+  });
   window.addEventListener("hashchange", route);
 
   loadCollections();

@@ -42,7 +42,7 @@ async def get_thumbnail(item_id: ItemId, catalog: CatalogDep, request: Request) 
     item = await run_blocking(catalog.get, item_id)
     source = await run_blocking(verified_media_path, item, request.app.state.media_dir)
     target = thumbnail_path(request.app.state.thumbs_dir, item)
-    path = await run_blocking(ensure_thumbnail, source, target)
+    path = await run_blocking(ensure_thumbnail, source, target, request.app.state.settings.max_image_pixels)
     return FileResponse(path, media_type="image/jpeg", headers=_MEDIA_CACHE)
 
 
