@@ -6,6 +6,7 @@ Each test saves a screenshot into tests/artifacts/ (gitignored) for a human to l
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -60,7 +61,9 @@ def test_text_search_shows_a_grid_of_thumbnails(page: Page, server: Server) -> N
     first = cards.first.locator("img")
     expect(first).to_have_attribute("loading", "lazy")
     # Polled from here: wait_for_function evaluates its predicate with eval, which the page's CSP forbids.
-    loaded = "() => [...document.querySelectorAll('#panel-text .results img')].every(i => i.complete && i.naturalWidth > 0)"
+    loaded = (
+        "() => [...document.querySelectorAll('#panel-text .results img')].every(i => i.complete && i.naturalWidth > 0)"
+    )
     deadline = time.monotonic() + 10
     while not page.evaluate(loaded):
         assert time.monotonic() < deadline, "thumbnails did not load"

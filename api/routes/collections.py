@@ -7,11 +7,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, File, Form, Path, UploadFile
 
-<<<<<<< HEAD
-from api.deps import CollectionsDep, EncoderDep, ReadAccess, SettingsDep, WriteAccess, run_blocking
-=======
 from api.deps import (
-    CatalogDep,
     CollectionsDep,
     EncoderDep,
     MetricsDep,
@@ -20,7 +16,6 @@ from api.deps import (
     WriteAccess,
     run_blocking,
 )
->>>>>>> issue-16
 from api.schemas import (
     MAX_QUERY_CHARS,
     MAX_TAGS,
@@ -108,28 +103,19 @@ async def add_image(
     await run_blocking(inspect_image, data, settings)
     vectors = await encoder.embed_images([data])
     new = NewImage(data=data, caption=(caption or "").strip() or None, tags=tag_list)
-<<<<<<< HEAD
     [added] = await run_blocking(collections.add_images, name, [new], vectors)
-=======
-    [added] = await run_blocking(catalog.add_images, name, [new], vectors)
     metrics.items_indexed.labels(name, "images").inc(int(added.created))
->>>>>>> issue-16
     return AddedItem(id=added.id, created=added.created)
 
 
 @router.post("/{name}/texts", response_model=AddedItems, status_code=201, dependencies=[WriteAccess])
-<<<<<<< HEAD
-async def add_texts(name: Name, body: AddTextsRequest, collections: CollectionsDep, encoder: EncoderDep) -> AddedItems:
-=======
 async def add_texts(
     name: Name,
     body: AddTextsRequest,
-    catalog: CatalogDep,
     collections: CollectionsDep,
     encoder: EncoderDep,
     metrics: MetricsDep,
 ) -> AddedItems:
->>>>>>> issue-16
     """Add texts (captions, tags, sentences) to a text collection, for image → text search."""
     await run_blocking(collections.writable, name, "texts")
     texts = body.normalised()
@@ -138,10 +124,6 @@ async def add_texts(
         chunk = texts[start : start + TEXT_BATCH]
         vectors = await encoder.embed_texts([t.text for t in chunk])
         new = [NewText(text=t.text, tags=list(t.tags)) for t in chunk]
-<<<<<<< HEAD
         added += await run_blocking(collections.add_texts, name, new, vectors)
-=======
-        added += await run_blocking(catalog.add_texts, name, new, vectors)
     metrics.items_indexed.labels(name, "texts").inc(sum(a.created for a in added))
->>>>>>> issue-16
     return AddedItems(items=[AddedItem(id=a.id, created=a.created) for a in added])
