@@ -14,6 +14,7 @@ from fastapi.staticfiles import StaticFiles
 
 from api import kserve
 from api.blocking import run_blocking
+from api.config import Settings
 from api.docs import install_docs
 from api.errors import install_error_handlers
 from api.label_store import LabelSetStore
@@ -26,7 +27,6 @@ from indexer.catalog import open_catalog
 from indexer.media import media_root
 from indexer.service import collection_service
 from indexer.types import Catalog
-from retrieval.config import Settings
 from retrieval.encoder import create_encoder
 from retrieval.types import Encoder
 from retrieval.zeroshot import ZeroShotClassifier

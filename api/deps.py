@@ -10,12 +10,12 @@ from typing import Annotated
 from fastapi import Depends, Request
 
 from api.blocking import run_blocking as run_blocking  # re-exported for the routes
+from api.config import Settings
 from api.errors import Unauthorized
 from api.label_store import LabelSetStore
 from api.metrics import ServiceMetrics
 from indexer.service import CollectionService
 from indexer.types import Catalog
-from retrieval.config import Settings
 from retrieval.errors import EncoderUnavailable
 from retrieval.types import Encoder
 

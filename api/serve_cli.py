@@ -31,8 +31,8 @@ def register(app: typer.Typer) -> None:
         import uvicorn
 
         from api.app import create_app
+        from api.config import Settings
         from api.slow_clients import guarded_protocol
-        from retrieval.config import Settings
 
         # One request = one small FAISS search; the server runs many of them at once on its worker
         # threads. FAISS's own OpenMP threads per search only spin against each other (measured on

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from fastapi import UploadFile
 
-from retrieval.config import Settings
+from api.config import Settings
 from retrieval.errors import InvalidImage, InvalidInput, PayloadTooLarge
 from retrieval.preprocess import probe_image
 

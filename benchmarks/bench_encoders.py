@@ -29,8 +29,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from api.config import Settings  # noqa: E402
 from retrieval.bench import TABLE_HEADER, SweepPoint, image_payloads, run_sweep, text_payloads  # noqa: E402
-from retrieval.config import Settings  # noqa: E402
 from retrieval.manifest import ModelManifest  # noqa: E402
 from retrieval.preprocess import preprocess_image  # noqa: E402
 from retrieval.tokenizer import Tokenizer, tokenize  # noqa: E402

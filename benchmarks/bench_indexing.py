@@ -25,10 +25,10 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+from api.config import Settings
 from indexer.catalog import open_catalog
 from indexer.pipeline import ImageIndexer
 from indexer.service import collection_service
-from retrieval.config import Settings
 from retrieval.encoder import create_encoder
 from retrieval.types import Encoder
 

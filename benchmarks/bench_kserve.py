@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 from PIL import Image  # noqa: E402
 
-from retrieval.config import Settings  # noqa: E402
+from api.config import Settings  # noqa: E402
 from retrieval.errors import EncoderUnavailable  # noqa: E402
 
 

@@ -24,8 +24,8 @@ def register(app: typer.Typer) -> None:
         import asyncio
         import logging
 
+        from api.config import Settings
         from demo.gallery import IMAGE_COLLECTION, TEXT_COLLECTION, example_commands, index_demo, write_demo_files
-        from retrieval.config import Settings
         from retrieval.errors import CnclipError
 
         logging.basicConfig(level=logging.WARNING, format="%(message)s")

@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from api.config import Settings
 from demo import dataset
-from retrieval.config import Settings
 
 if TYPE_CHECKING:
     from indexer.catalog import SqlCatalog

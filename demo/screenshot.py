@@ -29,7 +29,7 @@ def take(out: Path, query: str = "红色的星星") -> None:
     from playwright.sync_api import sync_playwright
 
     from api.app import create_app
-    from retrieval.config import Settings
+    from api.config import Settings
 
     settings = Settings()
     port = _free_port()

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 import typer
 
 if TYPE_CHECKING:
+    from indexer.config import StorageSettings
     from indexer.pipeline import IndexSummary
-    from retrieval.config import Settings
 
 F = TypeVar("F", bound=Callable[..., Any])
 EXIT_INTERRUPTED = 130
@@ -39,13 +39,13 @@ def _friendly_errors(command: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def _settings() -> Settings:
-    from retrieval.config import Settings
+def _settings() -> StorageSettings:
+    from indexer.config import StorageSettings
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     for noisy in ("alembic", "faiss.loader"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
-    return Settings()
+    return StorageSettings()
 
 
 def register(app: typer.Typer) -> None:
@@ -183,7 +183,7 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"{rank:3d}  {hit['score']:.4f}  #{hit['id']}  {hit['path'] or hit['caption'] or ''}")
 
 
-def _reindex(settings: Settings, collection: str) -> int:
+def _reindex(settings: StorageSettings, collection: str) -> int:
     from indexer.catalog import open_catalog
     from indexer.progress import rebuild_progress
 
@@ -196,7 +196,7 @@ def _reindex(settings: Settings, collection: str) -> int:
 
 
 async def _index(
-    settings: Settings,
+    settings: StorageSettings,
     source: Path,
     collection: str,
     prune: bool,
@@ -252,7 +252,7 @@ async def _index(
         await asyncio.to_thread(catalog.close)
 
 
-async def _index_texts(settings: Settings, collection: str, texts: list[Any]) -> tuple[int, int]:
+async def _index_texts(settings: StorageSettings, collection: str, texts: list[Any]) -> tuple[int, int]:
     from indexer.catalog import open_catalog
     from indexer.pipeline import index_texts
     from indexer.service import collection_service
@@ -270,7 +270,9 @@ async def _index_texts(settings: Settings, collection: str, texts: list[Any]) ->
         await asyncio.to_thread(catalog.close)
 
 
-async def _search(settings: Settings, text: str, collection: str | None, k: int) -> tuple[str, list[dict[str, Any]]]:
+async def _search(
+    settings: StorageSettings, text: str, collection: str | None, k: int
+) -> tuple[str, list[dict[str, Any]]]:
     from indexer.catalog import open_catalog
     from indexer.service import collection_service
     from retrieval.encoder import create_encoder

@@ -13,7 +13,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.exc import OperationalError
 
-from retrieval.config import Settings
+from indexer.config import StorageSettings
 from retrieval.errors import CnclipError
 
 log = logging.getLogger(__name__)
@@ -102,7 +102,7 @@ def head_revision() -> str | None:
     return ScriptDirectory.from_config(alembic_config("sqlite://")).get_current_head()
 
 
-def upgrade_settings_db(settings: Settings) -> str | None:
+def upgrade_settings_db(settings: StorageSettings) -> str | None:
     """`cnclip db upgrade`: migrate the configured database to the newest schema."""
     engine = create_db_engine(settings.sqlalchemy_url)
     try:

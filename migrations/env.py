@@ -1,20 +1,20 @@
-"""Alembic environment. The URL comes from `Settings` (CNCLIP_DATABASE_URL or the SQLite file
+"""Alembic environment. The URL comes from `StorageSettings` (CNCLIP_DATABASE_URL or the SQLite file
 under CNCLIP_DATA_DIR) unless the caller hands a connection in `config.attributes`."""
 
 from __future__ import annotations
 
 from alembic import context
 
+from indexer.config import StorageSettings
 from indexer.db import create_db_engine
 from indexer.models import Base
-from retrieval.config import Settings
 
 config = context.config
 target_metadata = Base.metadata
 
 
 def _url() -> str:
-    return config.get_main_option("sqlalchemy.url") or Settings().sqlalchemy_url
+    return config.get_main_option("sqlalchemy.url") or StorageSettings().sqlalchemy_url
 
 
 def run_migrations_offline() -> None:

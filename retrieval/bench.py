@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from retrieval.config import Settings
+from retrieval.config import RuntimeSettings
 from retrieval.encoder import LocalEncoder
 from retrieval.manifest import ModelManifest
 
@@ -153,7 +153,7 @@ async def measure(
 
 
 async def sweep_config(
-    settings: Settings,
+    settings: RuntimeSettings,
     towers: Sequence[str],
     concurrencies: Sequence[int],
     duration_s: float,
@@ -192,7 +192,7 @@ def run_sweep(
     concurrencies: Sequence[int] = (1, 2, 4, 8, 16),
     configs: Sequence[tuple[int, bool]] = ((1, True), (1, False), (2, True)),
     duration_s: float = 5.0,
-    base: Settings | None = None,
+    base: RuntimeSettings | None = None,
     on_point: Callable[[SweepPoint], None] | None = None,
     min_requests: int = 2,
     isolate: bool = False,
@@ -203,7 +203,7 @@ def run_sweep(
     each config runs in a fresh process, which prints its own progress to stderr instead: a real-size model's sessions leave freed-but-fragmented
     memory behind, and several configs in one process can exhaust a small machine's RAM.
     """
-    base = base or Settings(_env_file=None, model_dir=model_dir)  # type: ignore[call-arg]
+    base = base or RuntimeSettings(_env_file=None, model_dir=model_dir)  # type: ignore[call-arg]
     points: list[SweepPoint] = []
     for streams, batching in configs:
         settings = base.model_copy(update={"model_dir": model_dir, "streams": streams, "dynamic_batching": batching})
@@ -219,7 +219,7 @@ def run_sweep(
 
 
 def _sweep_and_print(
-    settings: Settings, towers: Sequence[str], concurrencies: Sequence[int], duration_s: float, min_requests: int
+    settings: RuntimeSettings, towers: Sequence[str], concurrencies: Sequence[int], duration_s: float, min_requests: int
 ) -> list[SweepPoint]:
     """The body of an isolated config (runs in a child process); prints progress to stderr."""
 

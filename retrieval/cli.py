@@ -46,7 +46,7 @@ def bench_encoders(
 ) -> None:
     """Perf-analyzer-style sweep: items/s and p50/p95/p99 latency per tower, concurrency and config."""
     from retrieval.bench import TABLE_HEADER, run_sweep, to_json
-    from retrieval.config import Settings
+    from retrieval.config import RuntimeSettings
     from retrieval.errors import CnclipError
 
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -55,7 +55,7 @@ def bench_encoders(
         raise typer.BadParameter("towers must be text and/or image")
     if precision not in ("auto", "fp32", "fp16", "int8"):
         raise typer.BadParameter("precision must be auto, fp32, fp16 or int8")
-    base = Settings(model_dir=model, precision=precision, buckets=_ints(buckets))  # type: ignore[call-arg, arg-type]
+    base = RuntimeSettings(model_dir=model, precision=precision, buckets=_ints(buckets))  # type: ignore[call-arg, arg-type]
     try:
         points = run_sweep(
             model, tower_list, _ints(concurrency), _configs(configs), duration, base,

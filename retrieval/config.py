@@ -1,6 +1,9 @@
-"""The one settings object. Built by the app factory or the CLI, never at import time.
+"""The model runtime's settings. Built by the app factory or the CLI, never at import time.
 
-Every field is read from the environment with the prefix `CNCLIP_` (for example
+Each layer owns its part: `retrieval.config.RuntimeSettings` (model, providers, buckets, remote
+encoder), `indexer.config.StorageSettings` adds the catalog (database, vector engine),
+`api.config.Settings` adds the HTTP server (address, key, timeouts) and is the one object users
+configure. Every field is read from the environment with the prefix `CNCLIP_` (for example
 `CNCLIP_MODEL_DIR`); list fields take JSON (`CNCLIP_BUCKETS='[1,4,8]'`). Every field is
 documented in the README's settings table; a test keeps the two in sync.
 """
@@ -10,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -22,7 +25,9 @@ def default_data_dir() -> Path:
     return Path.home() / ".local" / "share" / "cnclip"
 
 
-class Settings(BaseSettings):
+class RuntimeSettings(BaseSettings):
+    """The model runtime's part (and where the service keeps its files)."""
+
     model_config = SettingsConfigDict(env_prefix="CNCLIP_", env_nested_delimiter="__", extra="ignore")
 
     # --- model runtime -------------------------------------------------------------------
@@ -74,62 +79,9 @@ class Settings(BaseSettings):
     )
     encoder_connections: int = Field(16, ge=1, description="Connection pool size to the remote encoder.")
 
-    # --- storage -----------------------------------------------------------------------------
+    # --- files ---------------------------------------------------------------------------------
     data_dir: Path = Field(
         default_factory=default_data_dir, description="Where the SQLite file, FAISS indexes and media live."
-    )
-    database_url: str | None = Field(
-        None, description="SQLAlchemy URL; empty = SQLite file `catalog.db` under the data dir."
-    )
-    index_factory: str = Field(
-        "Flat", description="FAISS factory string for new collections, e.g. Flat, HNSW32, IVF4096,Flat, IVF4096,PQ64."
-    )
-    index_train_min: int = Field(
-        10_000, ge=1, description="Vectors a collection needs before a non-Flat factory is trained (Flat until then)."
-    )
-    search_rerank_factor: int = Field(
-        4,
-        ge=1,
-        description="Indexes with compressed codes (PQ, SQ) fetch k × this many candidates and re-rank them exactly.",
-    )
-    index_nprobe: int = Field(64, ge=1, description="IVF lists visited per search.")
-    index_ef_search: int = Field(128, ge=1, description="HNSW candidate list size per search.")
-    index_batch_size: int = Field(32, ge=1, description="Images per embedding batch and per commit in `cnclip index`.")
-    index_read_threads: int = Field(2, ge=1, description="Threads reading and hashing files in `cnclip index`.")
-    index_save_interval_s: float = Field(
-        30.0, ge=0, description="Longest time the FAISS file lags behind SQL (it is caught up from SQL on open)."
-    )
-    vector_store: Literal["faiss", "milvus"] = Field(
-        "faiss", description="Vector engine: `faiss` files under the data dir, or `milvus` (Lite file or server)."
-    )
-    milvus_uri: str | None = Field(
-        None,
-        description="Milvus: a local file path runs embedded Milvus Lite (one process at a time); "
-        "`http://host:19530` talks to a Milvus server or cluster. Empty = `milvus.db` under the data dir.",
-    )
-    milvus_token: SecretStr | None = Field(None, description="Milvus server token (`user:password` or an API key).")
-    sync_interval_s: float = Field(
-        0.5,
-        ge=0,
-        le=60,
-        description="How often a search checks (one indexed SQL query) whether another process changed its collection.",
-    )
-    max_collections: int = Field(1000, ge=1, description="Most collections a catalog may hold (creation beyond: 409).")
-
-    # --- API -----------------------------------------------------------------------------------
-    host: str = Field("127.0.0.1", description="Address `cnclip serve` binds.")
-    port: int = Field(8000, description="Port `cnclip serve` binds.")
-    api_key: SecretStr | None = Field(None, description="Key required for writes (Bearer or X-API-Key).")
-    require_key_for_reads: bool = Field(
-        False, description="Also require the API key for searches, reads and `/metrics`."
-    )
-    header_read_timeout_s: float = Field(
-        10.0,
-        gt=0,
-        description="A request's line and headers must arrive within this time, else the connection is closed.",
-    )
-    body_read_timeout_s: float = Field(
-        60.0, gt=0, description="A request's body must arrive within this time of its headers, else 408."
     )
 
     @field_validator("buckets")
@@ -138,11 +90,3 @@ class Settings(BaseSettings):
         if not value or any(b < 1 for b in value):
             raise ValueError("buckets must be a non-empty list of positive batch sizes")
         return sorted(set(value))
-
-    @property
-    def milvus_uri_or_default(self) -> str:
-        return self.milvus_uri or str(self.data_dir / "milvus.db")
-
-    @property
-    def sqlalchemy_url(self) -> str:
-        return self.database_url or f"sqlite:///{self.data_dir / 'catalog.db'}"

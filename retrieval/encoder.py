@@ -17,7 +17,7 @@ from functools import partial
 import numpy as np
 
 from retrieval.batcher import DynamicBatcher
-from retrieval.config import Settings
+from retrieval.config import RuntimeSettings
 from retrieval.errors import EncoderUnavailable, InvalidImage, InvalidInput, ModelError
 from retrieval.manifest import ModelManifest
 from retrieval.preprocess import preprocess_image
@@ -40,7 +40,7 @@ class LocalEncoder:
 
     def __init__(
         self,
-        settings: Settings,
+        settings: RuntimeSettings,
         manifest: ModelManifest | None = None,
         observer: EncoderObserver | None = None,
         session_factory: SessionFactory = OrtSession,
@@ -252,7 +252,7 @@ class LocalEncoder:
         return await self._submit("image", pixels, 0.0)
 
 
-def create_encoder(settings: Settings, observer: EncoderObserver | None = None) -> Encoder:
+def create_encoder(settings: RuntimeSettings, observer: EncoderObserver | None = None) -> Encoder:
     """The encoder the settings ask for: local ONNX Runtime, or a remote Triton server
     (`CNCLIP_ENCODER=triton://host:port`). Call `await start()`."""
     if settings.encoder != "local":

@@ -26,7 +26,7 @@ import tritonclient.http as triton_http
 import tritonclient.http.aio as triton_aio
 from tritonclient.utils import InferenceServerException
 
-from retrieval.config import Settings
+from retrieval.config import RuntimeSettings
 from retrieval.errors import EncoderUnavailable, InvalidImage, InvalidInput, ModelError, Overloaded, PayloadTooLarge
 from retrieval.manifest import ModelManifest
 from retrieval.types import EncoderObserver
@@ -57,7 +57,7 @@ class TritonEncoder:
 
     def __init__(
         self,
-        settings: Settings,
+        settings: RuntimeSettings,
         manifest: ModelManifest | None = None,
         *,
         url: str | None = None,

@@ -11,8 +11,8 @@ from fastapi.testclient import TestClient
 from PIL import Image
 
 from api import create_app
+from api.config import Settings
 from indexer.types import Catalog
-from retrieval.config import Settings
 from retrieval.fake import FakeEncoder
 
 

@@ -26,8 +26,8 @@ import uvicorn
 from playwright.sync_api import Browser, Page, Request, Route, expect, sync_playwright
 
 from api import create_app
+from api.config import Settings
 from api.request_guard import APP_CSP, DOCS_CSP
-from retrieval.config import Settings
 from retrieval.fake import FakeEncoder
 from tests.api_helpers import GALLERY, image_bytes, open_test_catalog
 

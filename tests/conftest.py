@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from retrieval.config import Settings
+from api.config import Settings
 from retrieval.toy_model import write_toy_model
 
 

@@ -14,9 +14,9 @@ from PIL import Image
 from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
+from api.config import Settings
 from indexer.catalog import SqlCatalog, open_catalog
 from indexer.service import CollectionService, ModelIdentity
-from retrieval.config import Settings
 
 
 def jpeg(seed: int, size: tuple[int, int] = (24, 16)) -> bytes:

@@ -20,8 +20,8 @@ import uvicorn
 from fastapi import FastAPI
 from PIL import Image
 
+from api.config import Settings
 from api.kserve import router
-from retrieval.config import Settings
 
 T = TypeVar("T")
 

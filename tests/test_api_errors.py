@@ -12,7 +12,7 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import SecretStr
 
-from retrieval.config import Settings
+from api.config import Settings
 from retrieval.errors import Overloaded
 from retrieval.fake import FakeEncoder
 from tests.api_helpers import api_client, image_bytes, seed

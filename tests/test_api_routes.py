@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from retrieval.config import Settings
+from api.config import Settings
 from retrieval.fake import FakeEncoder
 from tests.api_helpers import CAPTIONS, GALLERY, api_client, image_bytes, seed
 

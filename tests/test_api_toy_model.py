@@ -11,7 +11,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from api import create_app
-from retrieval.config import Settings
+from api.config import Settings
 from tests.api_helpers import GALLERY, image_bytes
 
 

@@ -15,7 +15,7 @@ import pytest
 from pydantic import SecretStr
 
 from api.app import create_app
-from retrieval.config import Settings
+from api.config import Settings
 from tests.api_helpers import image_bytes, open_test_catalog
 from tests.live_server import LiveServer
 

@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from sqlalchemy import create_engine
 
+from api.config import Settings
 from indexer.db import create_db_engine
 from indexer.vector_index import VectorIndex
-from retrieval.config import Settings
 from retrieval.encoder import create_encoder
 from tests.indexer_helpers import cli_env, committed_items, faiss_file, jpeg, open_test_catalog, start_cli, write_images
 

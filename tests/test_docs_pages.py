@@ -10,8 +10,8 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
+from api.config import Settings
 from api.docs import DOCS_ASSETS
-from retrieval.config import Settings
 from tests.api_helpers import api_client
 
 PAGES = ["/", "/docs", "/redoc"]

@@ -19,11 +19,12 @@ from typer.testing import CliRunner
 
 from api.app import create_app
 from api.cli import build_cli
+from api.config import Settings
 from demo import dataset
 from demo.gallery import GALLERY_SEED, GALLERY_SIZE, IMAGE_COLLECTION, TEXT_COLLECTION, demo_texts, describe
 from indexer.catalog import open_catalog
 from indexer.models import CollectionRow
-from retrieval.config import SHIPPED_MODEL_DIR, Settings
+from retrieval.config import SHIPPED_MODEL_DIR
 from retrieval.manifest import ModelManifest
 
 QUERIES = 150

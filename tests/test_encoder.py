@@ -13,7 +13,7 @@ import pytest
 from PIL import Image
 
 import retrieval
-from retrieval.config import Settings
+from api.config import Settings
 from retrieval.encoder import LocalEncoder, create_encoder
 from retrieval.errors import EncoderUnavailable, InvalidImage, InvalidInput, ModelError
 from retrieval.manifest import ModelManifest

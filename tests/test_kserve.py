@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from pydantic import SecretStr
 from tritonclient.utils import InferenceServerException
 
-from retrieval.config import Settings
+from api.config import Settings
 from retrieval.preprocess import preprocess_image
 from retrieval.tokenizer import tokenize
 from tests.kserve_server import ServerThread, image_file, local_encoder, v2_app

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
+from api.config import Settings
 from indexer.catalog import SqlCatalog
 from indexer.media_check import MediaChanged, verified_media_path
 from indexer.types import ItemRecord, NewImage
-from retrieval.config import Settings
 from retrieval.errors import NotFound
 from tests.api_helpers import api_client, image_bytes, open_test_catalog
 

@@ -12,7 +12,7 @@ from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from retrieval.config import Settings
+from api.config import Settings
 from tests.api_helpers import CAPTIONS, GALLERY, api_client, image_bytes, seed
 
 COUNTERS = {

@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 from api.app import create_app
+from api.config import Settings
 from api.openapi import ROUTES
-from retrieval.config import Settings
 from retrieval.fake import FakeEncoder
 
 SNAPSHOT = Path(__file__).resolve().parent / "snapshots" / "openapi.json"

@@ -15,7 +15,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
-from retrieval.config import Settings
+from api.config import Settings
 from retrieval.errors import EncoderUnavailable, InvalidImage, ModelError
 from retrieval.manifest import ModelManifest
 from retrieval.preprocess import preprocess_image

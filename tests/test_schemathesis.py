@@ -15,7 +15,7 @@ from pydantic import SecretStr
 from schemathesis.checks import negative_data_rejection, positive_data_acceptance
 
 from api.app import create_app
-from retrieval.config import Settings
+from api.config import Settings
 from retrieval.fake import FakeEncoder
 from tests.api_helpers import open_test_catalog, seed
 

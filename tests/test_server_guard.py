@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from api.app import create_app
-from retrieval.config import Settings
+from api.config import Settings
 from retrieval.fake import FakeEncoder
 from tests.api_helpers import open_test_catalog
 from tests.live_server import LiveServer

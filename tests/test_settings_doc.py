@@ -13,7 +13,8 @@ from typing import Any
 
 from pydantic import SecretStr
 
-from retrieval.config import REPO_ROOT, Settings
+from api.config import Settings
+from retrieval.config import REPO_ROOT
 
 README = REPO_ROOT / "README.md"
 HEADER = "| Variable | Default | Description |\n| --- | --- | --- |"

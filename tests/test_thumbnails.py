@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
+from api.config import Settings
 from api.thumbnails import THUMBNAIL_SIZE, ensure_thumbnail
-from retrieval.config import Settings
 from retrieval.manifest import CNCLIP_MEAN, CNCLIP_STD
 from retrieval.preprocess import preprocess_image
 from tests.api_helpers import api_client

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from retrieval.config import Settings
+from api.config import Settings
 from retrieval.encoder import LocalEncoder
 from retrieval.errors import InvalidInput
 from retrieval.fake import FakeEncoder

@@ -22,7 +22,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
-from retrieval.config import Settings
+from retrieval.config import RuntimeSettings
 from retrieval.errors import CnclipError, InvalidInput
 
 CHUNK = 1 << 20
@@ -169,7 +169,7 @@ models_app = typer.Typer(help="Official Chinese-CLIP checkpoints.", no_args_is_h
 @models_app.command("list")
 def list_models() -> None:
     """List the checkpoints `cnclip models pull` knows, with their download URLs."""
-    base = Settings.model_validate({}).model_base_url
+    base = RuntimeSettings.model_validate({}).model_base_url
     console = Console()
     for c in CHECKPOINTS.values():
         console.print(f"{c.name:<14} {c.size_hint:>8}  {checkpoint_url(c, base)}")
@@ -188,7 +188,7 @@ def pull(
     try:
         if name not in CHECKPOINTS:
             raise InvalidInput(f"unknown model {name!r}; choose one of {', '.join(CHECKPOINTS)}")
-        settings = Settings.model_validate({})
+        settings = RuntimeSettings.model_validate({})
         checkpoint = CHECKPOINTS[name]
         directory = dir or settings.data_dir / "checkpoints"
         target = directory / checkpoint.file

@@ -1,0 +1,62 @@
+"""The catalog's settings (database, vector engine, indexing), on top of the model runtime's:
+`cnclip index` needs both. See retrieval/config.py for how the layers compose."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, SecretStr
+
+from retrieval.config import RuntimeSettings
+
+
+class StorageSettings(RuntimeSettings):
+    """The storage layer's part."""
+
+    database_url: str | None = Field(
+        None, description="SQLAlchemy URL; empty = SQLite file `catalog.db` under the data dir."
+    )
+    index_factory: str = Field(
+        "Flat",
+        description="Index of new collections, as a FAISS factory string: Flat, HNSW32, IVF4096,Flat, IVF4096,PQ64 "
+        "(Milvus maps these to FLAT, HNSW, IVF_FLAT, IVF_PQ).",
+    )
+    index_train_min: int = Field(
+        10_000, ge=1, description="Vectors a collection needs before a non-Flat factory is trained (Flat until then)."
+    )
+    search_rerank_factor: int = Field(
+        4,
+        ge=1,
+        description="Indexes with compressed codes (PQ, SQ) fetch k × this many candidates and re-rank them exactly.",
+    )
+    index_nprobe: int = Field(64, ge=1, description="IVF lists visited per search.")
+    index_ef_search: int = Field(128, ge=1, description="HNSW candidate list size per search.")
+    index_batch_size: int = Field(32, ge=1, description="Images per embedding batch and per commit in `cnclip index`.")
+    index_read_threads: int = Field(2, ge=1, description="Threads reading and hashing files in `cnclip index`.")
+    index_save_interval_s: float = Field(
+        30.0, ge=0, description="Longest time the FAISS file lags behind SQL (it is caught up from SQL on open)."
+    )
+    vector_store: Literal["faiss", "milvus"] = Field(
+        "faiss", description="Vector engine: `faiss` files under the data dir, or `milvus` (Lite file or server)."
+    )
+    milvus_uri: str | None = Field(
+        None,
+        description="Milvus: a local file path runs embedded Milvus Lite (one process at a time); "
+        "`http://host:19530` talks to a Milvus server or cluster. Empty = `milvus.db` under the data dir.",
+    )
+    milvus_token: SecretStr | None = Field(None, description="Milvus server token (`user:password` or an API key).")
+    sync_interval_s: float = Field(
+        0.5,
+        ge=0,
+        le=60,
+        description="How often a search checks (one indexed SQL query) whether another process changed its collection.",
+    )
+    max_collections: int = Field(1000, ge=1, description="Most collections a catalog may hold (creation beyond: 409).")
+
+    @property
+    def milvus_uri_or_default(self) -> str:
+        return self.milvus_uri or str(self.data_dir / "milvus.db")
+
+    @property
+    def sqlalchemy_url(self) -> str:
+        return self.database_url or f"sqlite:///{self.data_dir / 'catalog.db'}"
