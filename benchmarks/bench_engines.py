@@ -108,7 +108,13 @@ def worker(args: argparse.Namespace) -> None:
     recall = statistics.fmean(len(set(f) & set(t)) / 10 for f, t in zip(found, truth, strict=True))
     quantiles = statistics.quantiles(latencies, n=100, method="inclusive")
     engine.close()
-    row = {"engine": args.engine, "factory": args.factory, "n": len(data), "build_s": build_s, "memory_mb": memory / 2**20}
+    row = {
+        "engine": args.engine,
+        "factory": args.factory,
+        "n": len(data),
+        "build_s": build_s,
+        "memory_mb": memory / 2**20,
+    }
     row.update(open_s=open_s, first_ms=first_ms, p50_ms=quantiles[49], p99_ms=quantiles[98], recall=recall)
     print(json.dumps(row))
 
@@ -139,7 +145,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-engines-") as tmp:
         for n in args.sizes:
             data = clustered_rows(rng, n + args.queries, DIM)
-            queries, data = data[:args.queries], data[args.queries :]  # held-out queries from the same clusters
+            queries, data = data[: args.queries], data[args.queries :]  # held-out queries from the same clusters
             paths = {name: Path(tmp) / f"{name}-{n}.npy" for name in ("data", "queries", "truth")}
             np.save(paths["data"], data)
             np.save(paths["queries"], queries)

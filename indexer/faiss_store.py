@@ -24,7 +24,7 @@ import numpy as np
 
 from indexer.types import SearchFilters
 from indexer.vector_index import IndexFileError, SearchTuning, VectorIndex
-from indexer.vector_store import FetchVectors, FilterIds, ItemAttrs, StoreSpec
+from indexer.vector_store import EngineName, FetchVectors, FilterIds, ItemAttrs, StoreSpec
 from retrieval.errors import InvalidInput
 
 log = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ class FaissStore:
 class FaissEngine:
     """`VectorEngine` keeping one FAISS file per collection under `index_dir`."""
 
-    name = "faiss"
+    name: EngineName = "faiss"
 
     def __init__(self, index_dir: Path, tuning: SearchTuning, save_interval_s: float) -> None:
         self.index_dir = index_dir

@@ -37,6 +37,7 @@ from indexer.milvus_plan import MAX_TOPK, IndexPlan, filter_expression, inline, 
 from indexer.types import SearchFilters
 from indexer.vector_index import SearchTuning
 from indexer.vector_store import (
+    EngineName,
     FetchVectors,
     FilterIds,
     ItemAttrs,
@@ -97,7 +98,10 @@ class MilvusStore:
                     "tags": list(attr.tags[:MAX_TAGS]),
                 }
                 for item_id, vector, attr in zip(
-                    ids[start : start + BATCH], vectors[start : start + BATCH], attrs[start : start + BATCH], strict=True
+                    ids[start : start + BATCH],
+                    vectors[start : start + BATCH],
+                    attrs[start : start + BATCH],
+                    strict=True,
                 )
             ]
             self.engine.call(lambda rows=rows: self.engine.client().upsert(self.name, rows))
@@ -110,9 +114,7 @@ class MilvusStore:
             self.engine.call(lambda part=part: self.engine.client().delete(self.name, ids=part))  # absent ids: no-op
             self._dirty = True
 
-    def search(
-        self, query: np.ndarray, k: int, filters: SearchFilters | None = None
-    ) -> tuple[np.ndarray, np.ndarray]:
+    def search(self, query: np.ndarray, k: int, filters: SearchFilters | None = None) -> tuple[np.ndarray, np.ndarray]:
         expression, params = filter_expression(filters)
         # Compressed codes give approximate scores: fetch more candidates and re-rank them exactly.
         limit = min(k * self.engine.tuning.rerank_factor if self.plan.compressed else k, MAX_TOPK)
@@ -148,9 +150,7 @@ class MilvusStore:
     def ids(self) -> np.ndarray:
         def every_id() -> np.ndarray:
             found: list[int] = []
-            iterator = self.engine.client().query_iterator(
-                self.name, batch_size=BATCH, filter="", output_fields=["id"]
-            )
+            iterator = self.engine.client().query_iterator(self.name, batch_size=BATCH, filter="", output_fields=["id"])
             try:
                 while page := iterator.next():
                     found.extend(int(row["id"]) for row in page)
@@ -175,7 +175,7 @@ class MilvusEngine:
     """`VectorEngine` over a `MilvusClient`, connected on first use (a process that only writes SQL
     never touches Milvus until it flushes)."""
 
-    name = "milvus"
+    name: EngineName = "milvus"
 
     def __init__(self, uri: str, token: str, tuning: SearchTuning) -> None:
         self.lite = is_lite(uri)
@@ -260,9 +260,7 @@ class MilvusEngine:
         schema.add_field("vector", DataType.FLOAT_VECTOR, dim=spec.dim)
         schema.add_field("mime", DataType.VARCHAR, max_length=256, nullable=True)
         schema.add_field("created_at", DataType.INT64)
-        schema.add_field(
-            "tags", DataType.ARRAY, element_type=DataType.VARCHAR, max_capacity=MAX_TAGS, max_length=1024
-        )
+        schema.add_field("tags", DataType.ARRAY, element_type=DataType.VARCHAR, max_capacity=MAX_TAGS, max_length=1024)
         params: dict[str, Any] = dict(plan.params)
         if self.lite:  # Lite 3.2 reads build parameters only from the legacy JSON `params` key
             params["params"] = json.dumps(plan.params)

@@ -100,7 +100,7 @@ def test_filters_run_in_the_engine_and_fill_k(tmp_path, database_url, engine, fa
     catalog.ensure_collection("p", "images", "fake", DIM, factory)
     vectors = random_unit(80, DIM, seed=3)
     first = [NewImage(jpeg(i), tags=["even"] if i % 2 == 0 else [], mime=None) for i in range(40)]
-    first[5] = NewImage(jpeg(5), tags=["rare", "x\" or tags != \"{x}"])  # a hostile tag matches itself only
+    first[5] = NewImage(jpeg(5), tags=["rare", 'x" or tags != "{x}'])  # a hostile tag matches itself only
     first[6] = NewImage(jpeg(6), tags=["rare", "even"])
     ids = [r.id for r in catalog.add_images("p", first, vectors[:40])]
     time.sleep(0.01)  # created_at of the second batch is strictly later
@@ -132,7 +132,7 @@ def test_filters_run_in_the_engine_and_fill_k(tmp_path, database_url, engine, fa
     cases = [
         SearchFilters(tags=["even"]),
         SearchFilters(tags=["rare"]),  # 2 items pass: k=10 gives both, never an empty page
-        SearchFilters(tags=["x\" or tags != \"{x}"]),
+        SearchFilters(tags=['x" or tags != "{x}']),
         SearchFilters(tags=["x"]),  # a prefix of the hostile tag: nothing
         SearchFilters(mime=["image/png"]),
         SearchFilters(mime=["image/jpeg"], tags=["even"]),
