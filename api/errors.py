@@ -24,6 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from indexer.db import DatabaseUnavailable
 from indexer.media_check import MediaChanged
+from indexer.vector_store import VectorStoreBusy, VectorStoreUnavailable
 from retrieval.errors import (
     CnclipError,
     Conflict,
@@ -54,6 +55,8 @@ STATUS_BY_ERROR: tuple[tuple[type[CnclipError], int], ...] = (
     (Overloaded, 429),
     (EncoderUnavailable, 503),
     (DatabaseUnavailable, 503),
+    (VectorStoreBusy, 503),
+    (VectorStoreUnavailable, 503),
     (CnclipError, 500),  # ModelError and anything else the project raises on purpose
 )
 

@@ -37,7 +37,7 @@ from indexer.types import (
     NewText,
     SearchFilters,
 )
-from indexer.vector_store import StoreSpec, VectorEngine
+from indexer.vector_store import StoreSpec, VectorEngine, VectorStoreBusy
 from retrieval.errors import Conflict, InvalidInput, NotFound
 from retrieval.manifest import same_model
 from retrieval.preprocess import probe_image
@@ -369,12 +369,17 @@ class SqlCatalog:
             self._open_store(state)
 
     def flush(self) -> None:
-        """Bring the stores of collections this process wrote up to date and save them."""
+        """Bring the stores of collections this process wrote up to date and save them. A store that
+        another process holds (a Milvus Lite file) is left to it: it catches up from SQL by itself."""
         for collection_id in sorted(self._written):
             state = self.rows.collection_by_id(collection_id)
             if state is None:
                 continue
-            sync = self._stores.get(collection_id) or self._open_store(state)
+            try:
+                sync = self._stores.get(collection_id) or self._open_store(state)
+            except VectorStoreBusy as exc:
+                log.warning("%s; it catches up from SQL within CNCLIP_SYNC_INTERVAL_S", exc.message)
+                return
             with sync.lock:
                 sync.catch_up(state.version)
             sync.store.save()

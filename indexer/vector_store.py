@@ -17,10 +17,24 @@ from typing import Literal, Protocol
 import numpy as np
 
 from indexer.types import SearchFilters
+from retrieval.errors import CnclipError
 
 EngineName = Literal["faiss", "milvus"]
 FetchVectors = Callable[[np.ndarray], np.ndarray]  # ids -> (len(ids), dim) float32, same order
 FilterIds = Callable[[SearchFilters], np.ndarray]  # filters -> the ids that pass them (from SQL)
+
+
+class VectorStoreBusy(CnclipError):
+    """The engine's storage is held by another process that cannot share it (a Milvus Lite file
+    takes one process); the message names that process."""
+
+    code = "vector_store_busy"
+
+
+class VectorStoreUnavailable(CnclipError):
+    """The engine cannot be reached or opened (a Milvus server down, a damaged Milvus Lite file)."""
+
+    code = "vector_store_unavailable"
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,152 @@
+"""Pure translations for the Milvus engine: index description -> Milvus index, filters -> expression.
+
+No pymilvus import here, so these rules are checked without a Milvus (and `validate` costs nothing).
+
+Index mapping (the same description strings as FAISS, so one collection can move between engines):
+`Flat` -> FLAT, `IVF{n},Flat` -> IVF_FLAT(nlist=n), `HNSW{M}` / `HNSW{M},Flat` -> HNSW(M,
+efConstruction=128), `IVF{n},PQ{m}` -> IVF_PQ(nlist=n, m, nbits=8). Milvus Lite 3.2 cannot build
+IVF_PQ (its index factory raises NotImplementedError in a background build and silently keeps
+searching unindexed segments by brute force), so on Lite `IVF{n},PQ{m}` becomes IVF_SQ8(nlist=n):
+the compressed IVF that Lite does build. We map instead of refusing because the description is a
+property of the collection in SQL: a collection made against a Milvus server must stay openable
+by a Lite box (tests, one machine) and the other way round. Compressed indexes are re-ranked
+exactly from SQL's vectors, so scores stay cosines either way.
+
+Filters are expressions with `{placeholders}` and a parameter dict (Milvus `filter_params`), so a
+user's tag or mime never becomes expression text on a Milvus server. Milvus Lite 3.2 ignores
+template values, so for Lite only, `inline` renders each parameter as a literal with exactly the
+escapes Lite's tokenizer reads (`\\`, `"`, newline, CR, tab): the value can end no string early.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from indexer.types import SearchFilters
+from indexer.vector_index import SearchTuning
+from retrieval.errors import InvalidInput
+
+MAX_NLIST = 65_536  # Milvus's bound for nlist
+MAX_DIM = 32_768  # Milvus's bound for FLOAT_VECTOR dim
+EF_CONSTRUCTION = 128  # between FAISS's 40 (fast, lower recall) and Milvus's 200 (slow builds at 1M)
+MAX_TOPK = 16_384  # Milvus refuses a larger limit
+EPOCH = datetime(1970, 1, 1)
+
+_FLAT = re.compile(r"Flat")
+_IVF_FLAT = re.compile(r"IVF(\d+),Flat")
+_HNSW = re.compile(r"HNSW(\d*)(,Flat)?")
+_IVF_PQ = re.compile(r"IVF(\d+),PQ(\d+)(x8)?")
+
+
+@dataclass(frozen=True)
+class IndexPlan:
+    """The Milvus index a collection's description maps to, and how to search it."""
+
+    index_type: str  # FLAT, IVF_FLAT, HNSW, IVF_PQ, IVF_SQ8
+    params: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def compressed(self) -> bool:
+        """Scores from this index are approximate: re-rank them with the exact vectors."""
+        return self.index_type in ("IVF_PQ", "IVF_SQ8")
+
+    def search_params(self, tuning: SearchTuning, k: int) -> dict[str, Any]:
+        if self.index_type == "HNSW":
+            return {"metric_type": "IP", "params": {"ef": max(tuning.ef_search, k)}}  # Milvus needs ef >= k
+        if self.index_type.startswith("IVF"):
+            return {"metric_type": "IP", "params": {"nprobe": min(tuning.nprobe, self.params["nlist"])}}
+        return {"metric_type": "IP", "params": {}}
+
+    def exhaustive_params(self, k: int) -> dict[str, Any]:
+        """Every IVF list, or a candidate list as long as HNSW allows: for a filter that few pass."""
+        if self.index_type == "HNSW":
+            return {"metric_type": "IP", "params": {"ef": max(MAX_TOPK, k)}}
+        if self.index_type.startswith("IVF"):
+            return {"metric_type": "IP", "params": {"nprobe": self.params["nlist"]}}
+        return {"metric_type": "IP", "params": {}}
+
+
+def plan_index(factory: str, dim: int, lite: bool) -> IndexPlan:
+    """The Milvus index for a FAISS-style description; `InvalidInput` for anything else."""
+    if len(factory) > 200 or not factory.isascii() or not factory.strip():
+        raise InvalidInput("an index description is at most 200 ASCII characters, e.g. Flat, HNSW32, IVF1024,Flat")
+    if not 1 <= dim <= MAX_DIM:
+        raise InvalidInput(f"Milvus holds vectors of 1 to {MAX_DIM} dimensions, not {dim}")
+    description = factory.strip()
+    if _FLAT.fullmatch(description):
+        return IndexPlan("FLAT")
+    if match := _IVF_FLAT.fullmatch(description):
+        return IndexPlan("IVF_FLAT", {"nlist": _nlist(match.group(1))})
+    if match := _HNSW.fullmatch(description):
+        links = int(match.group(1) or 32)  # FAISS reads a bare HNSW as HNSW32
+        if not 2 <= links <= 2048:
+            raise InvalidInput(f"HNSW needs 2 to 2048 links per node in Milvus, not {links}")
+        return IndexPlan("HNSW", {"M": links, "efConstruction": EF_CONSTRUCTION})
+    if match := _IVF_PQ.fullmatch(description):
+        nlist, parts = _nlist(match.group(1)), int(match.group(2))
+        if parts < 1 or dim % parts:
+            raise InvalidInput(f"PQ{parts} needs a number of sub-vectors that divides the dimension {dim}")
+        if lite:  # see the module docstring: Lite cannot build IVF_PQ
+            return IndexPlan("IVF_SQ8", {"nlist": nlist})
+        return IndexPlan("IVF_PQ", {"nlist": nlist, "m": parts, "nbits": 8})
+    raise InvalidInput(
+        f"the Milvus engine builds Flat, IVF{{n}},Flat, HNSW{{M}} and IVF{{n}},PQ{{m}}, not {factory[:60]!r}"
+    )
+
+
+def _nlist(text: str) -> int:
+    lists = int(text)
+    if not 1 <= lists <= MAX_NLIST:
+        raise InvalidInput(f"IVF needs 1 to {MAX_NLIST} lists in Milvus, not {lists}")
+    return lists
+
+
+def micros(moment: datetime) -> int:
+    """Microseconds since the epoch of a naive-UTC (SQL's convention) or aware datetime."""
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(UTC).replace(tzinfo=None)
+    return (moment - EPOCH) // timedelta(microseconds=1)
+
+
+def filter_expression(filters: SearchFilters | None) -> tuple[str, dict[str, Any]]:
+    """(expression with placeholders, parameters) meaning the same as `ItemRows.filter_ids`;
+    ("", {}) for no filter."""
+    if filters is None:
+        return "", {}
+    parts: list[str] = []
+    params: dict[str, Any] = {}
+    if filters.tags:
+        parts.append("array_contains_all(tags, {tags})")
+        params["tags"] = sorted(set(filters.tags))
+    if filters.mime:
+        parts.append("mime in {mime}")
+        params["mime"] = sorted(set(filters.mime))
+    if filters.date_from is not None:
+        parts.append("created_at >= {date_from}")
+        params["date_from"] = micros(filters.date_from)
+    if filters.date_to is not None:
+        parts.append("created_at <= {date_to}")
+        params["date_to"] = micros(filters.date_to)
+    return " and ".join(parts), params
+
+
+_ESCAPES = str.maketrans({"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"})
+
+
+def literal(value: Any) -> str:
+    """A Milvus Lite expression literal for an int, a str or a list of them."""
+    if isinstance(value, bool) or not isinstance(value, int | str | list):
+        raise TypeError(f"no Milvus literal for {type(value).__name__}")
+    if isinstance(value, int):
+        return str(int(value))
+    if isinstance(value, str):
+        return '"' + value.translate(_ESCAPES) + '"'
+    return "[" + ", ".join(literal(item) for item in value) + "]"
+
+
+def inline(expression: str, params: dict[str, Any]) -> str:
+    """The expression with each `{name}` replaced by its parameter as a literal (Milvus Lite only)."""
+    return re.sub(r"\{(\w+)\}", lambda match: literal(params[match.group(1)]), expression)

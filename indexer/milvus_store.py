@@ -1,0 +1,360 @@
+"""The Milvus engine (`CNCLIP_VECTOR_STORE=milvus`): one Milvus collection per cnclip collection.
+
+`CNCLIP_MILVUS_URI` is a local `*.db` path (embedded Milvus Lite, run by pymilvus inside this
+process) or `http(s)://host:19530` (a Milvus server or cluster; same code, optional token).
+
+A collection is named `cnclip_<vector_key>` (the key is never reused, so a collection deleted and
+made again under the same name never meets the old vectors). Primary key = the SQL item id, a
+FLOAT_VECTOR, and the fields filters look at: mime, created_at (microseconds, naive UTC like SQL)
+and tags, so tag / mime / date filters run inside Milvus and a filtered search returns k hits
+whenever k items pass. The model, dimension and index description are collection properties: a
+collection whose properties disagree with SQL is dropped and rebuilt from SQL. Consistency is
+Strong: a write is searchable when the call returns.
+
+Milvus Lite takes one process per file (it holds a `flock` on `<file>/LOCK`). Each process that
+opens a Lite file writes `<file>.owner` (pid and command line), so a second process is told which
+process holds the file instead of a bare lock error.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import os
+import shutil
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from pymilvus import DataType, MilvusClient, MilvusException
+
+from indexer.milvus_plan import MAX_TOPK, IndexPlan, filter_expression, inline, micros, plan_index
+from indexer.types import SearchFilters
+from indexer.vector_index import SearchTuning
+from indexer.vector_store import (
+    EngineName,
+    FetchVectors,
+    FilterIds,
+    ItemAttrs,
+    StoreSpec,
+    VectorStoreBusy,
+    VectorStoreUnavailable,
+)
+
+log = logging.getLogger(__name__)
+
+BATCH = 2_000  # rows per insert / delete / query-iterator page
+MAX_TAGS = 4_096  # Milvus's bound on an ARRAY field's capacity
+PROPERTY_KEYS = ("cnclip.model", "cnclip.dim", "cnclip.index")
+
+# pymilvus runs one Lite server per file per process and keeps it until exit; engines of one
+# process (a test's two catalogs, say) share it, so the last one to close stops it and frees the file.
+_lite_users: dict[str, int] = {}
+_lite_lock = threading.Lock()
+
+
+class _LiteUnimplemented(logging.Filter):
+    """Milvus Lite runs its gRPC server in this process and lacks some RPCs pymilvus tries first
+    (AllocTimestamp, when a query iterator starts; pymilvus then falls back by itself). grpc logs
+    each as an ERROR with a traceback on the user's terminal: drop exactly those records."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and isinstance(record.exc_info[1], NotImplementedError))
+
+
+def is_lite(uri: str) -> bool:
+    return not uri.startswith(("http://", "https://", "tcp://", "unix:"))
+
+
+class MilvusStore:
+    """`VectorStore` over one Milvus collection."""
+
+    def __init__(self, engine: MilvusEngine, spec: StoreSpec, plan: IndexPlan, fetch: FetchVectors) -> None:
+        self.engine = engine
+        self.spec = spec
+        self.plan = plan
+        self.fetch = fetch
+        self.name = collection_name(spec)
+        self.problem: str | None = None  # set when the collection was rebuilt (sync.py logs it)
+        self._dirty = False
+
+    def upsert(self, ids: np.ndarray, vectors: np.ndarray, attrs: Sequence[ItemAttrs]) -> None:
+        # Milvus upsert replaces a row by primary key; the vector of an id never changes, so a
+        # second upsert of the same change rewrites the same row: idempotent, never a duplicate.
+        ids = np.asarray(ids, dtype=np.int64)
+        vectors = np.asarray(vectors, dtype=np.float32)
+        for start in range(0, len(ids), BATCH):
+            rows = [
+                {
+                    "id": int(item_id),
+                    "vector": vector,
+                    "mime": attr.mime,
+                    "created_at": micros(attr.created_at),
+                    "tags": list(attr.tags[:MAX_TAGS]),
+                }
+                for item_id, vector, attr in zip(
+                    ids[start : start + BATCH],
+                    vectors[start : start + BATCH],
+                    attrs[start : start + BATCH],
+                    strict=True,
+                )
+            ]
+            self.engine.call(lambda rows=rows: self.engine.client().upsert(self.name, rows))
+            self._dirty = True
+
+    def remove(self, ids: np.ndarray) -> None:
+        ids = np.asarray(ids, dtype=np.int64)
+        for start in range(0, len(ids), BATCH):
+            part = [int(i) for i in ids[start : start + BATCH]]
+            self.engine.call(lambda part=part: self.engine.client().delete(self.name, ids=part))  # absent ids: no-op
+            self._dirty = True
+
+    def search(self, query: np.ndarray, k: int, filters: SearchFilters | None = None) -> tuple[np.ndarray, np.ndarray]:
+        expression, params = filter_expression(filters)
+        # Compressed codes give approximate scores: fetch more candidates and re-rank them exactly.
+        limit = min(k * self.engine.tuning.rerank_factor if self.plan.compressed else k, MAX_TOPK)
+        kwargs: dict[str, Any] = {"limit": limit, "search_params": self.plan.search_params(self.engine.tuning, limit)}
+        if expression:
+            kwargs.update(self.engine.filter_kwargs(expression, params))
+        vector = np.asarray(query, dtype=np.float32).reshape(-1)
+        hits = self._search(vector, kwargs)
+        if expression and len(hits) < limit and self.plan.index_type != "FLAT":
+            # An approximate index may visit too few candidates that pass a narrow filter (IVF lists
+            # not probed, an HNSW walk cut short): search again exhaustively, so that a filtered
+            # search still returns k hits whenever k items pass.
+            kwargs["search_params"] = self.plan.exhaustive_params(limit)
+            hits = self._search(vector, kwargs)
+        ids = np.fromiter((hit["id"] for hit in hits), dtype=np.int64, count=len(hits))
+        scores = np.fromiter((hit["distance"] for hit in hits), dtype=np.float32, count=len(hits))
+        if self.plan.compressed and len(ids):
+            scores = self.fetch(ids) @ vector
+            order = np.argsort(-scores, kind="stable")[:k]
+            ids, scores = ids[order], scores[order]
+        return ids, scores.astype(np.float32)
+
+    def _search(self, vector: np.ndarray, kwargs: dict[str, Any]) -> list[dict[str, Any]]:
+        result = self.engine.call(
+            lambda: self.engine.client().search(self.name, data=[vector.tolist()], output_fields=["id"], **kwargs)
+        )
+        return list(result[0]) if result else []
+
+    def count(self) -> int:
+        rows = self.engine.call(lambda: self.engine.client().query(self.name, filter="", output_fields=["count(*)"]))
+        return int(rows[0]["count(*)"])
+
+    def ids(self) -> np.ndarray:
+        def every_id() -> np.ndarray:
+            found: list[int] = []
+            iterator = self.engine.client().query_iterator(self.name, batch_size=BATCH, filter="", output_fields=["id"])
+            try:
+                while page := iterator.next():
+                    found.extend(int(row["id"]) for row in page)
+            finally:
+                iterator.close()
+            return np.asarray(found, dtype=np.int64)
+
+        return self.engine.call(every_id)
+
+    def save(self) -> None:
+        """Lite: seal what was written into indexed segments (the next search uses the index, not a
+        scan of the write buffer). A server seals segments itself; its flush is rate-limited."""
+        if self.engine.lite and self._dirty:
+            self.engine.call(lambda: self.engine.client().flush(self.name))
+        self._dirty = False
+
+    def close(self) -> None:
+        self.save()
+
+
+class MilvusEngine:
+    """`VectorEngine` over a `MilvusClient`, connected on first use (a process that only writes SQL
+    never touches Milvus until it flushes)."""
+
+    name: EngineName = "milvus"
+
+    def __init__(self, uri: str, token: str, tuning: SearchTuning) -> None:
+        self.lite = is_lite(uri)
+        if self.lite and not uri.endswith(".db"):
+            raise VectorStoreUnavailable(f"a Milvus Lite path must end in .db (or use http://host:19530): {uri!r}")
+        self.uri = str(Path(uri).resolve()) if self.lite else uri
+        self.token = token
+        self.tuning = tuning
+        self._client: MilvusClient | None = None
+        self._connect_lock = threading.Lock()
+
+    # --- connection ------------------------------------------------------------------------------
+    def client(self) -> MilvusClient:
+        if self._client is None:
+            with self._connect_lock:
+                if self._client is None:
+                    self._client = self._connect()
+        return self._client
+
+    def _connect(self) -> MilvusClient:
+        started = time.perf_counter()
+        if not self.lite:
+            try:
+                return MilvusClient(uri=self.uri, token=self.token)
+            except MilvusException as exc:
+                raise VectorStoreUnavailable(f"cannot reach Milvus at {self.uri}: {exc.message}") from exc
+        Path(self.uri).parent.mkdir(parents=True, exist_ok=True)
+        grpc_log = logging.getLogger("grpc._server")
+        if not any(isinstance(f, _LiteUnimplemented) for f in grpc_log.filters):
+            grpc_log.addFilter(_LiteUnimplemented())
+        with _lite_lock:
+            try:
+                client = MilvusClient(uri=self.uri)
+            except MilvusException as exc:
+                if _lite_locked(Path(self.uri)):
+                    raise VectorStoreBusy(_busy_message(Path(self.uri))) from exc
+                raise VectorStoreUnavailable(f"cannot open the Milvus Lite file {self.uri}: {exc.message}") from exc
+            _lite_users[self.uri] = _lite_users.get(self.uri, 0) + 1
+            _write_owner(Path(self.uri))
+        log.info("Milvus Lite %s opened in %.2f s", self.uri, time.perf_counter() - started)
+        return client
+
+    def call(self, action: Any) -> Any:
+        """Run one client call; a Milvus error becomes the project's error (never a raw one)."""
+        try:
+            return action()
+        except MilvusException as exc:
+            raise VectorStoreUnavailable(f"Milvus at {self.uri} failed: {exc.message}") from exc
+
+    def filter_kwargs(self, expression: str, params: dict[str, Any]) -> dict[str, Any]:
+        if self.lite:  # Lite 3.2 ignores filter_params: render the values as escaped literals
+            return {"filter": inline(expression, params)}
+        return {"filter": expression, "filter_params": params}
+
+    # --- VectorEngine --------------------------------------------------------------------------
+    def validate(self, factory: str, dim: int) -> None:
+        """`InvalidInput` unless `factory` maps to a Milvus index (milvus_plan.py)."""
+        plan_index(factory, dim, self.lite)
+
+    def open(self, spec: StoreSpec, fetch: FetchVectors, filter_ids: FilterIds) -> MilvusStore:
+        """The collection as Milvus holds it, created empty when missing and remade when its
+        properties disagree with SQL (sync.py then fills it from SQL)."""
+        plan = plan_index(spec.factory, spec.dim, self.lite)
+        store = MilvusStore(self, spec, plan, fetch)
+        client = self.client()
+        wanted = {"cnclip.model": spec.model, "cnclip.dim": str(spec.dim), "cnclip.index": spec.factory}
+        if self.call(lambda: client.has_collection(store.name)):
+            properties = self.call(lambda: client.describe_collection(store.name)).get("properties", {})
+            held = {key: properties.get(key) for key in PROPERTY_KEYS}
+            if held == wanted:
+                self.call(lambda: client.load_collection(store.name))
+                return store
+            self.call(lambda: client.drop_collection(store.name))
+            store.problem = f"the Milvus collection held {held}, not {wanted}"
+        self._create(store.name, spec, plan, wanted)
+        return store
+
+    def _create(self, name: str, spec: StoreSpec, plan: IndexPlan, properties: dict[str, str]) -> None:
+        client = self.client()
+        schema = client.create_schema(auto_id=False, enable_dynamic_field=False)
+        schema.add_field("id", DataType.INT64, is_primary=True)
+        schema.add_field("vector", DataType.FLOAT_VECTOR, dim=spec.dim)
+        schema.add_field("mime", DataType.VARCHAR, max_length=256, nullable=True)
+        schema.add_field("created_at", DataType.INT64)
+        schema.add_field("tags", DataType.ARRAY, element_type=DataType.VARCHAR, max_capacity=MAX_TAGS, max_length=1024)
+        params: dict[str, Any] = dict(plan.params)
+        if self.lite:  # Lite 3.2 reads build parameters only from the legacy JSON `params` key
+            params["params"] = json.dumps(plan.params)
+        index = client.prepare_index_params()
+        index.add_index("vector", index_type=plan.index_type, metric_type="IP", params=params)
+
+        def create() -> None:
+            client.create_collection(
+                name, schema=schema, index_params=index, consistency_level="Strong", properties=properties
+            )
+
+        try:
+            self.call(create)
+        except VectorStoreUnavailable as exc:
+            orphan = Path(self.uri) / "collections" / name
+            if not (self.lite and orphan.is_dir() and "File exists" in exc.message):
+                raise
+            # A process killed inside Lite's create_collection leaves the folder but no catalog entry,
+            # and Lite then refuses the name for good. Lite does not know the collection (has_collection
+            # said so), so nothing of value is in it: remove it and create again.
+            log.warning("Milvus Lite: removing %s, left by a create that did not finish", orphan)
+            shutil.rmtree(orphan)
+            self.call(create)
+        self.call(lambda: client.load_collection(name))
+
+    def drop(self, spec: StoreSpec) -> None:
+        name = collection_name(spec)
+        client = self.client()
+        if self.call(lambda: client.has_collection(name)):
+            self.call(lambda: client.drop_collection(name))
+
+    def close(self) -> None:
+        with self._connect_lock:
+            client, self._client = self._client, None
+        if client is None:
+            return
+        client.close()
+        if self.lite:
+            _release_lite(Path(self.uri))
+
+
+def collection_name(spec: StoreSpec) -> str:
+    if not spec.vector_key.isalnum() or not spec.vector_key.isascii():
+        raise VectorStoreUnavailable(f"collection {spec.name!r} has an unusable vector key")
+    return f"cnclip_{spec.vector_key}"
+
+
+# --- the Lite file's owner -----------------------------------------------------------------------
+def _owner_path(path: Path) -> Path:
+    return path.with_name(path.name + ".owner")
+
+
+def _write_owner(path: Path) -> None:
+    """Say which process holds the file (read by a process that finds it locked)."""
+    owner = {"pid": os.getpid(), "command": " ".join(sys.argv)[:500], "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+    temp = _owner_path(path).with_name(f"{path.name}.owner.tmp-{os.getpid()}")
+    temp.write_text(json.dumps(owner))
+    temp.replace(_owner_path(path))
+
+
+def _release_lite(path: Path) -> None:
+    with _lite_lock:
+        users = _lite_users.get(str(path), 0) - 1
+        if users > 0:
+            _lite_users[str(path)] = users
+            return
+        _lite_users.pop(str(path), None)
+        from milvus_lite.server_manager import server_manager_instance
+
+        server_manager_instance.release_server(str(path))
+        _owner_path(path).unlink(missing_ok=True)
+
+
+def _lite_locked(path: Path) -> bool:
+    """Whether another process holds the Lite file's lock (probed, then let go at once)."""
+    lock = path / "LOCK"
+    if not lock.exists():
+        return False
+    with open(lock, "a+b") as handle:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+        return False
+
+
+def _busy_message(path: Path) -> str:
+    try:
+        owner = json.loads(_owner_path(path).read_text())
+        who = f"process {int(owner['pid'])} ({str(owner['command'])[:200]!r}, since {owner['since']})"
+    except (OSError, ValueError, KeyError, TypeError):
+        who = "another process (it left no owner file)"
+    return (
+        f"the Milvus Lite file {path} is in use by {who}; Milvus Lite takes one process per file. "
+        "Stop that process, or point CNCLIP_MILVUS_URI at a Milvus server for several processes."
+    )
