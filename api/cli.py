@@ -1,24 +1,19 @@
-"""The `cnclip` command. Each package registers its own commands; heavy imports stay inside them
-so that `cnclip --help` is instant and serving never imports torch."""
+"""The `cnclip` commands of the service's layers. Each package registers its own commands; heavy
+imports stay inside them so that `cnclip --help` is instant and serving never imports torch."""
 
 from __future__ import annotations
 
-import importlib
-
 import typer
-
-# Modules with a `register(app)` function, in the order their commands appear in --help.
-COMMAND_MODULES = (
-    "retrieval.cli",  # bench encoders
-    "retrieval.convert.cli",  # convert, models pull
-    "indexer.cli",  # db upgrade, index, index-texts, stats, search
-    "api.serve_cli",  # serve
-    "api.triton_cli",  # export-triton
-    "demo.cli",  # demo
-)
 
 
 def build_cli() -> typer.Typer:
+    """The commands of the model runtime, the catalog and the server. The `cnclip` program is this
+    plus `cnclip demo` (demo/cli.py, the outermost layer: it may import api, api may not import it)."""
+    from api import serve_cli, triton_cli
+    from indexer import cli as indexer_cli
+    from retrieval import cli as retrieval_cli
+    from retrieval.convert import cli as convert_cli
+
     app = typer.Typer(
         name="cnclip",
         help="Self-hosted cross-modal search for Chinese CLIP.",
@@ -33,10 +28,7 @@ def build_cli() -> typer.Typer:
 
         typer.echo(dist_version("cnclip-search"))
 
-    for module in COMMAND_MODULES:
-        importlib.import_module(module).register(app)
+    # In the order their commands appear in --help; each module imports its heavy parts inside commands.
+    for module in (retrieval_cli, convert_cli, indexer_cli, serve_cli, triton_cli):
+        module.register(app)
     return app
-
-
-def main() -> None:
-    build_cli()()

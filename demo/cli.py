@@ -1,10 +1,25 @@
-"""CLI commands of this package (see api/cli.py): `cnclip demo`."""
+"""`cnclip demo`, and the `cnclip` program itself: api/cli.py's commands plus this one. The demo is
+the outermost layer (it uses the server, the catalog and the model), so the program is put together
+here and no layer below imports this package."""
 
 from __future__ import annotations
 
 from typing import Annotated
 
 import typer
+
+
+def build_cnclip() -> typer.Typer:
+    """The whole `cnclip` command."""
+    from api.cli import build_cli
+
+    app = build_cli()
+    register(app)
+    return app
+
+
+def main() -> None:
+    build_cnclip()()
 
 
 def register(app: typer.Typer) -> None:

@@ -85,7 +85,7 @@ def cli_env(data_dir: Path, database_url: str, model_dir: Path, **extra: str) ->
 
 def start_cli(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-c", "from api.cli import main; main()", *args],
+        [sys.executable, "-c", "from demo.cli import main; main()", *args],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

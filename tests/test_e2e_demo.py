@@ -18,9 +18,9 @@ from sqlalchemy import update
 from typer.testing import CliRunner
 
 from api.app import create_app
-from api.cli import build_cli
 from api.config import Settings
 from demo import dataset
+from demo.cli import build_cnclip
 from demo.gallery import GALLERY_SEED, GALLERY_SIZE, IMAGE_COLLECTION, TEXT_COLLECTION, demo_texts, describe
 from indexer.catalog import open_catalog
 from indexer.models import CollectionRow
@@ -38,12 +38,12 @@ FLOORS = {"t2i_r1": 0.8, "t2i_r5": 0.95, "i2t_r1": 0.8, "zeroshot_shape_acc": 0.
 def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     data_dir = tmp_path_factory.mktemp("demo-data")
     env = {"CNCLIP_DATA_DIR": str(data_dir), "CNCLIP_PROVIDER": "cpu", "CNCLIP_MODEL_DIR": str(SHIPPED_MODEL_DIR)}
-    result = CliRunner().invoke(build_cli(), ["demo", "--no-serve"], env=env)
+    result = CliRunner().invoke(build_cnclip(), ["demo", "--no-serve"], env=env)
     assert result.exit_code == 0, result.output
     assert f"{IMAGE_COLLECTION}: {GALLERY_SIZE} pictures indexed, 0 already there" in result.output
     assert "红色的星星" in result.output and "/v1/classify" in result.output
     # A second run reuses the pictures and indexes nothing again.
-    again = CliRunner().invoke(build_cli(), ["demo", "--no-serve"], env=env)
+    again = CliRunner().invoke(build_cnclip(), ["demo", "--no-serve"], env=env)
     assert again.exit_code == 0, again.output
     assert "reusing the demo gallery" in again.output
     assert f"{IMAGE_COLLECTION}: 0 pictures indexed, {GALLERY_SIZE} already there" in again.output
@@ -139,13 +139,13 @@ def test_zero_shot_classification(
 def test_demo_reindexes_collections_an_earlier_model_embedded(tmp_path: Path) -> None:
     """After an upgrade of the shipped model, the demo's old vectors are replaced, not searched."""
     env = {"CNCLIP_DATA_DIR": str(tmp_path), "CNCLIP_PROVIDER": "cpu", "CNCLIP_MODEL_DIR": str(SHIPPED_MODEL_DIR)}
-    assert CliRunner().invoke(build_cli(), ["demo", "--no-serve"], env=env).exit_code == 0
+    assert CliRunner().invoke(build_cnclip(), ["demo", "--no-serve"], env=env).exit_code == 0
     settings = Settings(_env_file=None, data_dir=tmp_path, model_dir=SHIPPED_MODEL_DIR)
     catalog = open_catalog(settings)
     with catalog.engine.begin() as connection:  # as the previous release recorded it: the bare name
         connection.execute(update(CollectionRow).values(model="cnclip-demo"))
     catalog.close()
-    again = CliRunner().invoke(build_cli(), ["demo", "--no-serve"], env=env)
+    again = CliRunner().invoke(build_cnclip(), ["demo", "--no-serve"], env=env)
     assert again.exit_code == 0, again.output
     assert f"re-indexed {IMAGE_COLLECTION} (embedded with cnclip-demo)" in again.output
     assert f"{IMAGE_COLLECTION}: {GALLERY_SIZE} pictures indexed, 0 already there" in again.output
