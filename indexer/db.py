@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import fcntl
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +13,7 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.exc import OperationalError
 
 from indexer.config import StorageSettings
@@ -19,6 +22,7 @@ from retrieval.errors import CnclipError
 log = logging.getLogger(__name__)
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+MIGRATION_LOCK_KEY = 0x636E636C6970  # "cnclip": the PostgreSQL advisory lock migrations take
 
 
 class DatabaseUnavailable(CnclipError):
@@ -67,11 +71,37 @@ def downgrade(engine: Engine, revision: str) -> str | None:
     return _migrate(engine, command.downgrade, revision)
 
 
+@contextmanager
+def _one_migrator(engine: Engine, connection: Connection) -> Iterator[None]:
+    """One process at a time migrates a database (two `cnclip index` started together on a new
+    one would both create the tables): an advisory lock on PostgreSQL, a file lock beside a
+    SQLite file."""
+    if engine.dialect.name == "postgresql":
+        connection.exec_driver_sql(f"SELECT pg_advisory_lock({MIGRATION_LOCK_KEY})")
+        connection.commit()
+        try:
+            yield
+        finally:
+            connection.exec_driver_sql(f"SELECT pg_advisory_unlock({MIGRATION_LOCK_KEY})")
+            connection.commit()
+        return
+    database = engine.url.database
+    if engine.dialect.name != "sqlite" or not database or database == ":memory:":
+        yield
+        return
+    with open(f"{database}.migrate.lock", "a+b") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
 def _migrate(engine: Engine, step: Any, revision: str) -> str | None:
     config = alembic_config(engine.url.render_as_string(hide_password=False))
     sqlite = engine.dialect.name == "sqlite"
     try:
-        with engine.connect() as connection:
+        with engine.connect() as connection, _one_migrator(engine, connection):
             if sqlite:
                 # SQLite changes a table by copying it; with foreign keys on, dropping the old copy would
                 # cascade to every row that points at it. Off outside the transaction, checked after.

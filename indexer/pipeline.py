@@ -308,10 +308,12 @@ class ImageIndexer:
             for p in batch
         ]
         replaces = [p.replaces for p in batch]
-        self.service.add_images(self.collection, images, vectors, replace=replaces)
+        results = self.service.add_images(self.collection, images, vectors, replace=replaces)
         summary.embedded += len(batch)
-        summary.changed += sum(1 for r in replaces if r is not None)
-        summary.added += sum(1 for r in replaces if r is None)
+        # Another indexer may have committed the same bytes meanwhile: then it is a duplicate here.
+        summary.duplicates += sum(1 for r in results if not r.created)
+        summary.changed += sum(1 for r, old in zip(results, replaces, strict=True) if r.created and old is not None)
+        summary.added += sum(1 for r, old in zip(results, replaces, strict=True) if r.created and old is None)
 
 
 def _read_file(entry: SourceEntry, state: FileState | None) -> _Prepared | tuple[str, str] | None:
