@@ -23,7 +23,7 @@ from api.metrics import RequestMetricsMiddleware, ServiceMetrics
 from api.openapi import install_openapi
 from api.request_guard import RequestGuardMiddleware
 from api.routes import classify, collections, embed, health, items, label_sets, search
-from indexer.catalog import open_catalog
+from indexer.engines import open_catalog
 from indexer.media import media_root
 from indexer.service import collection_service
 from indexer.types import Catalog

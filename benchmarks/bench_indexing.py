@@ -26,7 +26,7 @@ import numpy as np
 from PIL import Image
 
 from api.config import Settings
-from indexer.catalog import open_catalog
+from indexer.engines import open_catalog
 from indexer.pipeline import ImageIndexer
 from indexer.service import collection_service
 from retrieval.encoder import create_encoder

@@ -118,7 +118,7 @@ class DemoIndexResult:
 
 async def index_demo(settings: Settings, files: DemoFiles, progress: bool = True) -> DemoIndexResult:
     """Index the gallery with the bulk indexer (progress bar on stderr) and the texts into their collection."""
-    from indexer.catalog import open_catalog
+    from indexer.engines import open_catalog
     from indexer.pipeline import ImageIndexer, index_texts
     from indexer.progress import IndexProgress
     from indexer.service import collection_service

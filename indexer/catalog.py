@@ -25,12 +25,14 @@ from sqlalchemy import Engine
 from indexer.media import media_root
 from indexer.media_check import verified_media_path
 from indexer.names import check_collection_name, collection_key
-from indexer.rows import CollectionState, FileState, ItemRows, text_sha
+from indexer.rows import ItemRows, text_sha
 from indexer.sync import Progress, StoreSync
 from indexer.types import (
     AddResult,
     CollectionInfo,
     CollectionKind,
+    CollectionState,
+    FileState,
     Hit,
     ItemRecord,
     NewImage,
@@ -42,7 +44,7 @@ from retrieval.errors import Conflict, InvalidInput, NotFound
 from retrieval.manifest import same_model
 from retrieval.preprocess import probe_image
 
-__all__ = ["FileState", "SqlCatalog", "open_catalog"]
+__all__ = ["FileState", "SqlCatalog"]
 
 log = logging.getLogger(__name__)
 
@@ -396,25 +398,3 @@ class SqlCatalog:
             self.vectors.close()
             self.engine.dispose()
             self._closed = True
-
-
-def open_catalog(settings: Any, *, open_stores: bool = True) -> SqlCatalog:
-    """Migrate the database to the newest schema and open it with the configured vector engine;
-    `open_stores` also opens and reconciles every collection's store now (a server), instead of on
-    first use (a process that only writes)."""
-    from indexer.db import create_db_engine, upgrade
-    from indexer.engines import open_vector_engine
-
-    engine = create_db_engine(settings.sqlalchemy_url)
-    upgrade(engine)
-    catalog = SqlCatalog(
-        engine,
-        settings.data_dir,
-        open_vector_engine(settings, engine.url.render_as_string(hide_password=True)),
-        sync_interval_s=settings.sync_interval_s,
-        max_image_bytes=settings.max_image_bytes,
-        max_image_pixels=settings.max_image_pixels,
-    )
-    if open_stores:
-        catalog.reconcile_all()
-    return catalog

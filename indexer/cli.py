@@ -122,7 +122,7 @@ def register(app: typer.Typer) -> None:
     def stats(as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False) -> None:
         """Per collection: SQL items and engine vectors (equal when consistent), deletions remembered,
         model and index."""
-        from indexer.catalog import open_catalog
+        from indexer.engines import open_catalog
 
         catalog = open_catalog(_settings())
         try:
@@ -184,7 +184,7 @@ def register(app: typer.Typer) -> None:
 
 
 def _reindex(settings: StorageSettings, collection: str) -> int:
-    from indexer.catalog import open_catalog
+    from indexer.engines import open_catalog
     from indexer.progress import rebuild_progress
 
     catalog = open_catalog(settings, open_stores=False)
@@ -205,7 +205,7 @@ async def _index(
     index_factory: str | None,
     restore_deleted: bool = False,
 ) -> IndexSummary:
-    from indexer.catalog import open_catalog
+    from indexer.engines import open_catalog
     from indexer.pipeline import ImageIndexer
     from indexer.progress import IndexProgress
     from indexer.service import collection_service
@@ -253,7 +253,7 @@ async def _index(
 
 
 async def _index_texts(settings: StorageSettings, collection: str, texts: list[Any]) -> tuple[int, int]:
-    from indexer.catalog import open_catalog
+    from indexer.engines import open_catalog
     from indexer.pipeline import index_texts
     from indexer.service import collection_service
     from retrieval.encoder import create_encoder
@@ -273,7 +273,7 @@ async def _index_texts(settings: StorageSettings, collection: str, texts: list[A
 async def _search(
     settings: StorageSettings, text: str, collection: str | None, k: int
 ) -> tuple[str, list[dict[str, Any]]]:
-    from indexer.catalog import open_catalog
+    from indexer.engines import open_catalog
     from indexer.service import collection_service
     from retrieval.encoder import create_encoder
 

@@ -1,10 +1,13 @@
-"""Which vector engine a catalog uses, from the settings (`CNCLIP_VECTOR_STORE`)."""
+"""Opening a catalog from the settings: the database (migrated to the newest schema) and the vector
+engine `CNCLIP_VECTOR_STORE` names."""
 
 from __future__ import annotations
 
 import hashlib
 from typing import Any
 
+from indexer.catalog import SqlCatalog
+from indexer.db import create_db_engine, upgrade
 from indexer.vector_index import SearchTuning
 from indexer.vector_store import VectorEngine
 
@@ -31,3 +34,22 @@ def open_vector_engine(settings: Any, database_url: str) -> VectorEngine:
 
     url_key = hashlib.sha1(database_url.encode()).hexdigest()[:10]
     return FaissEngine(settings.data_dir / "indexes" / url_key, tuning, settings.index_save_interval_s)
+
+
+def open_catalog(settings: Any, *, open_stores: bool = True) -> SqlCatalog:
+    """Migrate the database to the newest schema and open it with the configured vector engine;
+    `open_stores` also opens and reconciles every collection's store now (a server), instead of on
+    first use (a process that only writes)."""
+    engine = create_db_engine(settings.sqlalchemy_url)
+    upgrade(engine)
+    catalog = SqlCatalog(
+        engine,
+        settings.data_dir,
+        open_vector_engine(settings, engine.url.render_as_string(hide_password=True)),
+        sync_interval_s=settings.sync_interval_s,
+        max_image_bytes=settings.max_image_bytes,
+        max_image_pixels=settings.max_image_pixels,
+    )
+    if open_stores:
+        catalog.reconcile_all()
+    return catalog

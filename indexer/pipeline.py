@@ -23,10 +23,9 @@ from pathlib import Path
 
 import numpy as np
 
-from indexer.rows import FileState
 from indexer.service import CollectionService
 from indexer.sources import SourceEntry, load_entries, looks_like_image
-from indexer.types import NewImage, NewText
+from indexer.types import FileState, NewImage, NewText
 from retrieval.errors import InvalidImage, NotFound
 from retrieval.preprocess import probe_image
 from retrieval.types import Encoder

@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
@@ -24,7 +23,7 @@ from sqlalchemy.orm import Session
 from indexer.media import media_file, store_media
 from indexer.models import CollectionRow, DeletedItemRow, ItemRow, ItemTagRow, VectorRow, utcnow
 from indexer.names import collection_key
-from indexer.types import AddResult, CollectionKind, ItemRecord, SearchFilters
+from indexer.types import AddResult, CollectionKind, CollectionState, FileState, ItemRecord, SearchFilters
 from indexer.vector_store import ItemAttrs
 from retrieval.errors import Conflict, NotFound
 
@@ -32,31 +31,6 @@ IN_CHUNK = 5000  # ids per SQL IN (...) list; SQLite allows 32766 variables
 
 # Every column a bulk insert names (a multi-row INSERT needs the same keys in every row).
 _EMPTY_ITEM: dict[str, Any] = dict.fromkeys(("path", "root", "size", "mime", "width", "height", "caption", "mtime"))
-
-
-@dataclass(frozen=True)
-class CollectionState:
-    """A collection's SQL row: what it is, and the version of its latest change."""
-
-    id: int
-    name: str
-    kind: CollectionKind
-    model: str
-    dim: int
-    factory: str
-    version: int
-    vector_key: str
-    created_at: datetime | None
-
-
-@dataclass(frozen=True)
-class FileState:
-    """What the catalog knows about one bulk-indexed file (for incremental runs)."""
-
-    id: int
-    sha256: str
-    size: int | None
-    mtime: float | None
 
 
 def naive_utc(moment: datetime) -> datetime:

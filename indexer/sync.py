@@ -19,7 +19,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from indexer.rows import CollectionState, ItemRows
+from indexer.rows import ItemRows
+from indexer.types import CollectionState
 from indexer.vector_index import id_checksum
 from indexer.vector_store import VectorStore
 

@@ -96,6 +96,31 @@ class Hit:
     score: float  # cosine similarity (inner product of L2-normalised vectors)
 
 
+@dataclass(frozen=True)
+class CollectionState:
+    """A collection's SQL row: what it is, and the version of its latest change."""
+
+    id: int
+    name: str
+    kind: CollectionKind
+    model: str
+    dim: int
+    factory: str
+    version: int
+    vector_key: str
+    created_at: datetime | None
+
+
+@dataclass(frozen=True)
+class FileState:
+    """What the catalog knows about one bulk-indexed file (for incremental runs)."""
+
+    id: int
+    sha256: str
+    size: int | None
+    mtime: float | None
+
+
 class Catalog(Protocol):
     """SQL + FAISS behind one interface. Methods are synchronous and thread-safe: the API calls
     them from worker threads (never on the event loop). One writer at a time; searches run

@@ -15,7 +15,8 @@ from sqlalchemy import Engine
 from sqlalchemy.exc import DBAPIError
 
 from api.config import Settings
-from indexer.catalog import SqlCatalog, open_catalog
+from indexer.catalog import SqlCatalog
+from indexer.engines import open_catalog
 from indexer.service import CollectionService, ModelIdentity
 
 

@@ -22,7 +22,7 @@ from api.config import Settings
 from demo import dataset
 from demo.cli import build_cnclip
 from demo.gallery import GALLERY_SEED, GALLERY_SIZE, IMAGE_COLLECTION, TEXT_COLLECTION, demo_texts, describe
-from indexer.catalog import open_catalog
+from indexer.engines import open_catalog
 from indexer.models import CollectionRow
 from retrieval.config import SHIPPED_MODEL_DIR
 from retrieval.manifest import ModelManifest
