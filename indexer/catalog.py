@@ -85,6 +85,7 @@ class SqlCatalog:
         self.max_image_bytes = max_image_bytes
         self.max_image_pixels = max_image_pixels
         self._stores: dict[int, StoreSync] = {}  # collection id -> its open store
+        self._by_key: dict[str, StoreSync] = {}  # collection_key(name) -> the same stores
         self._stores_lock = threading.Lock()
         self._written: set[int] = set()  # collections this process wrote (flushed on close)
         self._closed = False
@@ -127,7 +128,8 @@ class SqlCatalog:
         count = self.rows.item_counts(state.id).get(state.id, 0)
         self.rows.drop_collection(state.id)
         with self._stores_lock:
-            self._stores.pop(state.id, None)
+            if state.id in self._stores:
+                self._forget(self._stores[state.id])
         self._written.discard(state.id)
         self.vectors.drop(_spec(state))
         return count
@@ -311,59 +313,59 @@ class SqlCatalog:
 
     def store(self, collection: str) -> StoreSync:
         """The collection's store, opened (and reconciled) on first use, and caught up with other
-        processes' commits when its version moved — checked at most every `sync_interval_s`."""
-        key = collection_key(collection)
-        sync = next((s for s in list(self._stores.values()) if collection_key(s.state.name) == key), None)
-        if sync is not None and time.monotonic() - sync.checked < self.sync_interval_s:
+        processes' commits when its version moved — checked at most every `sync_interval_s`, with
+        one indexed query of two columns."""
+        sync = self._by_key.get(collection_key(collection))
+        if sync is None:
+            return self._open_store(self.rows.collection(collection))
+        if time.monotonic() - sync.checked < self.sync_interval_s:
             return sync
-        try:
-            state = self.rows.collection(collection)
-        except NotFound:
-            if sync is not None:  # deleted by another process
-                with self._stores_lock:
-                    self._stores.pop(sync.state.id, None)
-            raise
-        if sync is None or sync.state.vector_key != state.vector_key:
-            return self._open_store(state)
-        if state.version != sync.seen and sync.lock.acquire(blocking=False):
+        current = self.rows.version_of(collection)
+        if current is None or current[0] != sync.state.vector_key:  # deleted, or deleted and made again
+            with self._stores_lock:
+                self._forget(sync)
+            return self._open_store(self.rows.collection(collection))
+        if current[1] != sync.seen and sync.lock.acquire(blocking=False):
             # A search never waits for another thread's catch-up: it searches what is there.
             try:
-                sync.catch_up(state.version)
+                sync.catch_up(current[1])
             finally:
                 sync.lock.release()
         sync.checked = time.monotonic()
         return sync
 
+    def _forget(self, sync: StoreSync) -> None:
+        """Drop a store this process holds (call with `_stores_lock`)."""
+        self._stores.pop(sync.state.id, None)
+        if self._by_key.get(collection_key(sync.state.name)) is sync:
+            self._by_key.pop(collection_key(sync.state.name))
+
     def _open_store(self, state: CollectionState) -> StoreSync:
         with self._stores_lock:
-            key = collection_key(state.name)
-            for stale in [i for i, s in self._stores.items() if collection_key(s.state.name) == key and i != state.id]:
-                self._stores.pop(stale)  # the name now belongs to a collection made since
             sync = self._stores.get(state.id)
-            if sync is not None and sync.state.vector_key != state.vector_key:
-                sync = None  # the id of a collection deleted since (PostgreSQL never reuses ids; be sure)
-            if sync is None:
-                store = self.vectors.open(_spec(state), self.rows.vectors, lambda f: self.rows.filter_ids(state.id, f))
-                sync = StoreSync(self.rows, store, state)
-                with sync.lock:
-                    sync.reconcile()
-                    sync.checked = time.monotonic()
-                self._stores[state.id] = sync
+            if sync is None or sync.state.vector_key != state.vector_key:
+                sync = self._new_store(state)
             return sync
 
     def rebuild(self, name: str, on_progress: Progress | None = None) -> int:
         """Drop the collection's engine data and fill it again from SQL (`cnclip reindex`)."""
         state = self.rows.collection(name)
         with self._stores_lock:
-            self._stores.pop(state.id, None)
+            if state.id in self._stores:
+                self._forget(self._stores[state.id])
             self.vectors.drop(_spec(state))
-            store = self.vectors.open(_spec(state), self.rows.vectors, lambda f: self.rows.filter_ids(state.id, f))
-            sync = StoreSync(self.rows, store, state)
-            with sync.lock:
-                sync.reconcile(on_progress)
-                sync.checked = time.monotonic()
-            self._stores[state.id] = sync
-        return sync.store.count()
+            return self._new_store(state, on_progress).store.count()
+
+    def _new_store(self, state: CollectionState, on_progress: Progress | None = None) -> StoreSync:
+        """Open the engine's store of `state`, reconcile it with SQL and hold it (with `_stores_lock`)."""
+        store = self.vectors.open(_spec(state), self.rows.vectors, lambda f: self.rows.filter_ids(state.id, f))
+        sync = StoreSync(self.rows, store, state)
+        with sync.lock:
+            sync.reconcile(on_progress)
+            sync.checked = time.monotonic()
+        self._stores[state.id] = sync
+        self._by_key[collection_key(state.name)] = sync
+        return sync
 
     def reconcile_all(self) -> None:
         """Open every collection's store and make it agree with SQL (one log line per repair)."""

@@ -105,6 +105,15 @@ class ItemRows:
                 raise NotFound(f"no collection named {name!r}")
             return _state(row)
 
+    def version_of(self, name: str) -> tuple[str, int] | None:
+        """(vector key, version) of the collection named `name`: the cheap check a search makes."""
+        query = select(CollectionRow.vector_key, CollectionRow.version).where(
+            CollectionRow.name_key == collection_key(name)
+        )
+        with self.engine.connect() as connection:
+            row = connection.execute(query).first()
+        return (row[0], int(row[1])) if row is not None else None
+
     def collection_by_id(self, collection_id: int) -> CollectionState | None:
         with Session(self.engine) as session:
             row = session.get(CollectionRow, collection_id)
