@@ -17,7 +17,9 @@ import pytest
 from sqlalchemy import create_engine
 
 from api.config import Settings
+from indexer.catalog import SqlCatalog
 from indexer.db import create_db_engine
+from indexer.types import FileState
 from indexer.vector_index import VectorIndex
 from retrieval.encoder import create_encoder
 from tests.indexer_helpers import cli_env, committed_items, faiss_file, jpeg, open_test_catalog, start_cli, write_images
@@ -74,22 +76,29 @@ def check_consistent(tmp_path: Path, database_url: str, good: list[Path], toy_mo
         assert indexed - {copy} <= {str(p) for p in good} and len(indexed & {copy, str(good[5])}) == 1
         assert len({state.sha256 for state in states.values()}) == GOOD_FILES
         assert list(catalog.index_ids("photos")) == list(sql_ids)
-
-        async def embed(images: list[bytes]) -> np.ndarray:
-            encoder = create_encoder(Settings(_env_file=None, model_dir=toy_model_dir, provider="cpu"))
-            await encoder.start()
-            try:
-                return await encoder.embed_images(images)
-            finally:
-                await encoder.close()
-
-        probes = [0, 17, GOOD_FILES - 1]
-        vectors = asyncio.run(embed([jpeg(i, (16, 16)) for i in probes]))
-        for i, vector in zip(probes, vectors, strict=True):
-            top = catalog.search("photos", vector, k=1)[0]
-            assert catalog.get(top.id).sha256 == states[str(good[i])].sha256 and top.score > 0.999
+        assert_found_by_content(catalog, states, good, toy_model_dir)
     finally:
         catalog.close()
+
+
+def assert_found_by_content(
+    catalog: SqlCatalog, states: dict[str, FileState], good: list[Path], toy_model_dir: Path
+) -> None:
+    """Three of the indexed photos, embedded afresh, find themselves first."""
+
+    async def embed(images: list[bytes]) -> np.ndarray:
+        encoder = create_encoder(Settings(_env_file=None, model_dir=toy_model_dir, provider="cpu"))
+        await encoder.start()
+        try:
+            return await encoder.embed_images(images)
+        finally:
+            await encoder.close()
+
+    probes = [0, 17, GOOD_FILES - 1]
+    vectors = asyncio.run(embed([jpeg(i, (16, 16)) for i in probes]))
+    for i, vector in zip(probes, vectors, strict=True):
+        top = catalog.search("photos", vector, k=1)[0]
+        assert catalog.get(top.id).sha256 == states[str(good[i])].sha256 and top.score > 0.999
 
 
 def crash_and_recover(tmp_path: Path, database_url: str, toy_model_dir: Path, trials: int) -> None:

@@ -8,7 +8,6 @@ while it flushes at the end. The default suite runs 3 kills per backend; `-m slo
 
 from __future__ import annotations
 
-import asyncio
 import random
 import signal
 import time
@@ -18,14 +17,12 @@ import numpy as np
 import pytest
 from sqlalchemy import create_engine
 
-from api.config import Settings
 from indexer.db import create_db_engine
 from indexer.milvus_store import MilvusEngine
 from indexer.vector_index import SearchTuning
 from indexer.vector_store import StoreSpec
-from retrieval.encoder import create_encoder
-from tests.indexer_helpers import cli_env, jpeg, open_test_catalog, start_cli, wait_for_items
-from tests.test_crash_safety import GOOD_FILES, kill_trials, make_folder
+from tests.indexer_helpers import cli_env, open_test_catalog, start_cli, wait_for_items
+from tests.test_crash_safety import GOOD_FILES, assert_found_by_content, kill_trials, make_folder
 
 
 def milvus_ids_as_left(data_dir: Path, database_url: str) -> tuple[np.ndarray, np.ndarray]:
@@ -60,20 +57,7 @@ def check_consistent(
         assert len({state.sha256 for state in states.values()}) == GOOD_FILES
         assert list(catalog.index_ids("photos")) == list(sql_ids)
         assert catalog.store("photos").store.count() == GOOD_FILES  # no duplicate primary keys either
-
-        async def embed(images: list[bytes]) -> np.ndarray:
-            encoder = create_encoder(Settings(_env_file=None, model_dir=toy_model_dir, provider="cpu"))
-            await encoder.start()
-            try:
-                return await encoder.embed_images(images)
-            finally:
-                await encoder.close()
-
-        probes = [0, 17, GOOD_FILES - 1]
-        vectors = asyncio.run(embed([jpeg(i, (16, 16)) for i in probes]))
-        for i, vector in zip(probes, vectors, strict=True):
-            top = catalog.search("photos", vector, k=1)[0]
-            assert catalog.get(top.id).sha256 == states[str(good[i])].sha256 and top.score > 0.999
+        assert_found_by_content(catalog, states, good, toy_model_dir)
     finally:
         catalog.close()
 
