@@ -50,8 +50,13 @@ class StoreSync:
         fresh = self.rows.collection_by_id(self.state.id)
         version = fresh.version if fresh is not None else self.state.version  # read before the ids
         sql_ids = self.rows.ids(self.state.id)
-        store_ids = np.sort(np.asarray(self.store.ids(), dtype=np.int64))
+        held, copies = np.unique(np.asarray(self.store.ids(), dtype=np.int64), return_counts=True)
+        doubled = held[copies > 1]  # an engine killed mid-write may replay a row twice: drop, add once
+        store_ids = np.setdiff1d(held, doubled)
         problem = getattr(self.store, "problem", None)
+        if len(doubled):
+            self.store.remove(doubled)
+            problem = f"{len(doubled)} ids held twice"
         if _summary(store_ids) == _summary(sql_ids) and np.array_equal(store_ids, sql_ids) and not problem:
             self.seen = version
             return

@@ -165,3 +165,18 @@ def test_only_compressed_indexes_rerank_from_stored_vectors() -> None:
         ids, scores = index.search(vectors[11], 10, fetch)
         assert ids[0] == 11 and scores[0] == pytest.approx(1.0, abs=1e-5)
         assert fetched == ([50] if reranks else [])  # k·r candidates re-scored, or none at all
+
+
+def test_ids_held_twice_are_held_once_after_a_reconcile(tmp_path, database_url, caplog) -> None:
+    """An engine killed mid-write may replay rows (seen with Milvus Lite): reconcile keeps one of each."""
+    catalog = open_test_catalog(tmp_path / "data", database_url)
+    ids, vectors = fill(catalog, "c", 10)
+    sync = catalog.store("c")
+    sync.store.index.index.add_with_ids(vectors[:2], np.array(ids[:2], dtype=np.int64))  # a replayed write
+    assert len(sync.store.ids()) == 12
+    with caplog.at_level(logging.INFO, logger="indexer"), sync.lock:
+        sync.reconcile()
+    assert sorted(sync.store.ids()) == ids and sync.store.count() == 10
+    assert any("2 ids held twice" in r.message for r in caplog.records)
+    assert [h.id for h in catalog.search("c", vectors[0], k=2)][0] == ids[0]
+    catalog.close()
