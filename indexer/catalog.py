@@ -372,10 +372,11 @@ class SqlCatalog:
         for state in self.rows.collections():
             self._open_store(state)
 
-    def flush(self) -> None:
-        """Bring the stores of collections this process wrote up to date and save them. A store that
-        another process holds (a Milvus Lite file) is left to it: it catches up from SQL by itself."""
-        for collection_id in sorted(self._written):
+    def flush(self, names: Sequence[str] = ()) -> None:
+        """Bring the stores of collections this process wrote (and of `names`) up to date and save
+        them. A store that another process holds (a Milvus Lite file) is left to it: it catches up
+        from SQL by itself."""
+        for collection_id in sorted(self._written | {self.rows.collection(name).id for name in names}):
             state = self.rows.collection_by_id(collection_id)
             if state is None:
                 continue

@@ -136,7 +136,7 @@ class ImageIndexer:
         await self._index(todo, summary, stop, report)
         if prune and not stop.is_set():
             summary.pruned = await asyncio.to_thread(self._prune)
-        await asyncio.to_thread(self.catalog.flush)
+        await asyncio.to_thread(self.catalog.flush, [self.collection])
         summary.interrupted = stop.is_set()
         summary.seconds = time.perf_counter() - started
         report(summary)
@@ -356,5 +356,5 @@ async def index_texts(
         added += sum(r.created for r in results)
         if on_progress:
             on_progress(len(batch), added)
-    await asyncio.to_thread(catalog.flush)
+    await asyncio.to_thread(catalog.flush, [collection])
     return added, len(texts) - added
