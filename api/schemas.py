@@ -26,8 +26,8 @@ MAX_EMBED_IMAGES = 32
 MAX_TEXTS_PER_REQUEST = 1000
 MAX_TAGS = 50
 
-# A label-set name: letters (any script), digits, '_', '-', '.'. Collection names: indexer/names.py.
-NAME_PATTERN = r"^[\w.\-]{1,64}$"
+# Label-set names follow the collection-name rule (indexer/names.py): one pattern for every name.
+NAME_PATTERN = COLLECTION_NAME_PATTERN
 
 # Stripped strings must keep a character: `pattern=r"\S"` says so in the OpenAPI document too.
 Query = Annotated[

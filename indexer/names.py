@@ -1,8 +1,10 @@
 """The one rule for collection names, used by the catalog, the service, the CLI and the API schemas.
 
-A name is 1-64 characters: letters or digits of any script (so `照片` is a name), then also `_`,
-`-` or `.`; it starts with a letter or digit and is already in NFKC form (no look-alike
-compatibility characters). Names are unique case-insensitively: `collection_key` is what the
+A name is 1-64 characters: ASCII letters and digits, and the letters of the common scripts (Latin
+with accents, Greek, Cyrillic, kana, CJK ideographs, Hangul: `照片` is a name), then also `_`, `-`
+or `.`; it starts with a letter or digit and is already in NFKC form (no look-alike compatibility
+characters). The ranges are spelled out rather than written `\w`, so that the pattern means the
+same to Python, to pydantic's Rust regex and to the ECMA-262 dialect of the OpenAPI document. Names are unique case-insensitively: `collection_key` is what the
 database's unique constraint holds, so `demo` and `DEMO` cannot coexist.
 """
 
@@ -13,12 +15,15 @@ import unicodedata
 
 from retrieval.errors import InvalidInput
 
-# Written for both Python's `re` and the Rust regex pydantic uses (both read \w as Unicode).
-COLLECTION_NAME_PATTERN = r"^[^\W_][\w.\-]{0,63}$"
+_LETTERS = (
+    r"0-9A-Za-z\u00C0-\u00D6\u00D8-\u00F6\u00F8-\u024F\u0370-\u03FF\u0400-\u04FF"
+    r"\u3040-\u30FF\u3400-\u4DBF\u4E00-\u9FFF\uAC00-\uD7A3"
+)
+COLLECTION_NAME_PATTERN = rf"^[{_LETTERS}][{_LETTERS}_.\-]{{0,63}}$"
 _NAME = re.compile(COLLECTION_NAME_PATTERN)
 NAME_RULE = (
     "collection names are 1-64 letters, digits, '_', '-' or '.', starting with a letter or digit "
-    "(any script: 照片 is a name)"
+    "(letters of common scripts too: 照片 is a name)"
 )
 
 

@@ -12,7 +12,7 @@ import schemathesis
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, settings
 from pydantic import SecretStr
-from schemathesis.checks import negative_data_rejection, positive_data_acceptance
+from schemathesis.checks import positive_data_acceptance
 
 from api.app import create_app
 from api.config import Settings
@@ -55,11 +55,6 @@ def test_every_operation_keeps_its_contract(case: schemathesis.Case) -> None:
         # build" or "a collection of the kind these items are": such requests are schema-valid, and
         # refusing them (422) is right. Every other check still runs on these operations.
         excluded.append(positive_data_acceptance)
-    if "{name}" in case.path:
-        # NAME_PATTERN's \w is Unicode in Python (照片 is a name) but ASCII in the document's ECMA-262
-        # dialect, so the document refuses names the server takes. Issue 12 settles the one name rule;
-        # written as a pattern that means the same in both, this exclusion goes.
-        excluded.append(negative_data_rejection)
     case.call_and_validate(headers=AUTH, excluded_checks=excluded)
 
 
