@@ -3,9 +3,10 @@
 A name is 1-64 characters: ASCII letters and digits, and the letters of the common scripts (Latin
 with accents, Greek, Cyrillic, kana, CJK ideographs, Hangul: `照片` is a name), then also `_`, `-`
 or `.`; it starts with a letter or digit and is already in NFKC form (no look-alike compatibility
-characters). The ranges are spelled out rather than written as a word class, so that the pattern means the
-same to Python, to pydantic's Rust regex and to the ECMA-262 dialect of the OpenAPI document. Names are unique case-insensitively: `collection_key` is what the
-database's unique constraint holds, so `demo` and `DEMO` cannot coexist.
+characters). The ranges are spelled out rather than written as a word class, so that the pattern
+means the same to Python, to pydantic's Rust regex and to the ECMA-262 dialect of the OpenAPI
+document. Names are unique case-insensitively: `collection_key` is what the database's unique
+constraint holds, so `demo` and `DEMO` cannot coexist.
 """
 
 from __future__ import annotations
