@@ -45,6 +45,8 @@ def exif_taken(data: bytes) -> datetime | None:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # Pillow warns about odd EXIF; a bad date is just no date
             with Image.open(io.BytesIO(data)) as image:
+                if image.format == "PNG":
+                    image.load()  # a PNG's eXIf chunk is read with the pixels; PNGs are rarely camera photos
                 exif = image.getexif().get_ifd(EXIF_IFD)
     except Exception:  # noqa: BLE001 - any unreadable EXIF means "no date", never a failed file
         return None
