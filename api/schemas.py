@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Annotated, Literal
 
 from fastapi import Path as PathParam
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema, field_validator, model_validator
 
 from indexer.names import COLLECTION_NAME_PATTERN
 from indexer.paging import MAX_CANDIDATES, SortOrder
@@ -84,6 +84,13 @@ class PageFields(StrictModel):
     offset: int = Field(0, ge=0, le=MAX_OFFSET, description=OFFSET_DOC)
     min_score: float | None = Field(None, ge=-1.0, le=1.0, description=MIN_SCORE_DOC)
     sort: SortOrder = Field("relevance", description=SORT_DOC)
+
+    @model_validator(mode="after")
+    def _within_the_candidates(self) -> PageFields:
+        # Checked here too (not only by the service) so that a bad page costs no model call.
+        if self.offset + self.k > MAX_CANDIDATES:
+            raise ValueError(f"offset + k may be at most {MAX_CANDIDATES}")
+        return self
 
 
 class TextSearchRequest(PageFields):
