@@ -7,7 +7,7 @@ from datetime import datetime
 from typing import Annotated, Literal
 
 from fastapi import Path as PathParam
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema, field_validator
 
 from indexer.names import COLLECTION_NAME_PATTERN
 from indexer.paging import MAX_CANDIDATES, SortOrder
@@ -22,7 +22,7 @@ from retrieval.prompts import (
 
 MAX_QUERY_CHARS = 512
 MAX_K = 200
-MAX_OFFSET = MAX_CANDIDATES - 1  # offset + k <= MAX_CANDIDATES (indexer/paging.py)
+MAX_OFFSET = MAX_CANDIDATES - 1  # result lists end at MAX_CANDIDATES (indexer/paging.py)
 MAX_EMBED_TEXTS = 256
 MAX_EMBED_IMAGES = 32
 MAX_TEXTS_PER_REQUEST = 1000
@@ -74,7 +74,7 @@ SORT_DOC = (
     "relevance: best score first; taken: newest photo first (undated last); added: newest indexed first. "
     "Dates order the results above min_score among the candidates (at most 1000)."
 )
-OFFSET_DOC = "Results to skip (paging); offset + k is at most 1000."
+OFFSET_DOC = "Results to skip (paging). A result list ends at 1000: a page past it is cut short."
 
 
 class PageFields(StrictModel):
@@ -84,13 +84,6 @@ class PageFields(StrictModel):
     offset: int = Field(0, ge=0, le=MAX_OFFSET, description=OFFSET_DOC)
     min_score: float | None = Field(None, ge=-1.0, le=1.0, description=MIN_SCORE_DOC)
     sort: SortOrder = Field("relevance", description=SORT_DOC)
-
-    @model_validator(mode="after")
-    def _within_the_candidates(self) -> PageFields:
-        # Checked here too (not only by the service) so that a bad page costs no model call.
-        if self.offset + self.k > MAX_CANDIDATES:
-            raise ValueError(f"offset + k may be at most {MAX_CANDIDATES}")
-        return self
 
 
 class TextSearchRequest(PageFields):

@@ -106,7 +106,7 @@ def page_out(page: SearchPage, timings: dict[str, float]) -> SearchResponse:
         total_exact=page.total_exact,
         offset=request.offset,
         has_more=page.has_more,
-        next_offset=request.offset + request.k if page.has_more else None,
+        next_offset=request.end if page.has_more else None,
         below_cutoff=page.below_cutoff,
         min_score=request.min_score,
         sort=request.sort,

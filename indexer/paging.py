@@ -11,7 +11,8 @@ newest first, a page at a time". The rule, the same for text, image and similar-
    first `offset + k` by relevance: how many more this page would have shown without it).
 3. Order: `relevance` (score, best first), `taken` (when the photo was taken, newest first; undated
    last) or `added` (when it was indexed, newest first); ties by score.
-4. Page: `offset` .. `offset + k` of that list. `offset + k` may not exceed `MAX_CANDIDATES`.
+4. Page: `offset` .. `offset + k` of that list. A list ends at `MAX_CANDIDATES`: a page reaching
+   past it is cut short (never an error, so that any offset and k within their bounds is valid).
 
 `total` is how many results passed the cutoff among the candidates. It is exact (`total_exact`)
 when the engine ran out of items before the pool was full, or when the pool's last candidate was
@@ -30,7 +31,7 @@ from retrieval.errors import InvalidInput
 
 SortOrder = Literal["relevance", "taken", "added"]
 SORT_ORDERS: tuple[SortOrder, ...] = ("relevance", "taken", "added")
-MAX_CANDIDATES = 1000  # the deepest a result list goes: offset + k <= this
+MAX_CANDIDATES = 1000  # the deepest a result list goes
 
 
 @dataclass(frozen=True)
@@ -46,10 +47,8 @@ class PageRequest:
         """`InvalidInput` for a page no search can give (the API validates first; the CLI relies on this)."""
         if not 1 <= self.k <= MAX_CANDIDATES:
             raise InvalidInput(f"k must be 1 to {MAX_CANDIDATES}, not {self.k}")
-        if not 0 <= self.offset <= MAX_CANDIDATES - self.k:
-            raise InvalidInput(
-                f"offset + k may be at most {MAX_CANDIDATES} (results go that deep), not {self.offset} + {self.k}"
-            )
+        if not 0 <= self.offset < MAX_CANDIDATES:
+            raise InvalidInput(f"offset must be 0 to {MAX_CANDIDATES - 1} (result lists end there), not {self.offset}")
         if self.min_score is not None and not -1.0 <= self.min_score <= 1.0:
             raise InvalidInput(f"min_score is a cosine similarity, -1 to 1, not {self.min_score}")
         if self.sort not in SORT_ORDERS:
@@ -62,7 +61,12 @@ class PageRequest:
 
     def candidates(self) -> int:
         """How many nearest items to ask the engine for."""
-        return self.offset + self.k + 1 if self.plain else MAX_CANDIDATES
+        return min(self.end + 1, MAX_CANDIDATES) if self.plain else MAX_CANDIDATES
+
+    @property
+    def end(self) -> int:
+        """Where this page ends in the result list."""
+        return min(self.offset + self.k, MAX_CANDIDATES)
 
 
 @dataclass(frozen=True)
@@ -84,7 +88,7 @@ def rank(hits: list[Hit], pool: int, page: PageRequest, dates: DateKeys | None =
     the engine's answer); `dates` are needed for the date orders."""
     cutoff = page.min_score
     above = hits if cutoff is None else [h for h in hits if h.score >= cutoff]
-    below = 0 if cutoff is None else sum(1 for h in hits[: page.offset + page.k] if h.score < cutoff)
+    below = 0 if cutoff is None else sum(1 for h in hits[: page.end] if h.score < cutoff)
     if page.sort != "relevance":
         keys = dates or {}
         slot = 0 if page.sort == "taken" else 1
@@ -96,7 +100,7 @@ def rank(hits: list[Hit], pool: int, page: PageRequest, dates: DateKeys | None =
 
         above = sorted(above, key=newest_first)
     exhausted = len(hits) < pool or (cutoff is not None and bool(hits) and hits[-1].score < cutoff)
-    end = page.offset + page.k
+    end = page.end
     return Ranked(
         ids=above[page.offset : end],
         total=len(above),

@@ -152,8 +152,13 @@ def test_image_and_similar_searches_page_and_cut_off_too(client: TestClient) -> 
     assert [x["id"] for x in image["results"]] == [39, 38, 37] and image["total"] == COUNT
 
 
+def test_a_page_past_the_end_of_the_list_is_cut_short_not_refused(client: TestClient) -> None:
+    r = client.post("/v1/search/text", json={"query": "猫", "k": 200, "offset": 990})
+    assert r.status_code == 200 and r.json()["results"] == [] and r.json()["has_more"] is False
+
+
 BAD_PAGES = [
-    {"k": 200, "offset": 900},  # deeper than the candidate pool
+    {"offset": 1000},  # result lists end at 1000
     {"offset": -1},
     {"offset": 10**12},
     {"min_score": 1.5},

@@ -55,7 +55,7 @@ async def search_image(
     """Similar images (target=images) or best-matching texts (target=texts) for an uploaded image."""
     timer = StageTimer()
     page = PageRequest(k, offset, min_score, sort)
-    page.check()  # offset + k, before the upload is read
+    page.check()  # before the upload is read
     data = await read_upload(file, settings.max_image_bytes)
     await run_blocking(inspect_image, data, settings)
     timer.mark("read")
