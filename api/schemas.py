@@ -10,7 +10,7 @@ from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema, field_validator
 
 from indexer.names import COLLECTION_NAME_PATTERN
-from indexer.paging import MAX_CANDIDATES, SortOrder
+from indexer.paging import MAX_CANDIDATES, MAX_PAGE, SortOrder
 from retrieval.prompts import (
     MAX_LABEL_CHARS,
     MAX_LABELS,
@@ -21,7 +21,7 @@ from retrieval.prompts import (
 )
 
 MAX_QUERY_CHARS = 512
-MAX_K = 200
+MAX_K = MAX_PAGE  # one limit for the API and `cnclip search -k`
 MAX_OFFSET = MAX_CANDIDATES - 1  # result lists end at MAX_CANDIDATES (indexer/paging.py)
 MAX_EMBED_TEXTS = 256
 MAX_EMBED_IMAGES = 32

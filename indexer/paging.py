@@ -32,6 +32,7 @@ from retrieval.errors import InvalidInput
 SortOrder = Literal["relevance", "taken", "added"]
 SORT_ORDERS: tuple[SortOrder, ...] = ("relevance", "taken", "added")
 MAX_CANDIDATES = 1000  # the deepest a result list goes
+MAX_PAGE = 200  # the most results one page holds (the API's and the CLI's `k`)
 
 
 @dataclass(frozen=True)
