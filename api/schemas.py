@@ -121,7 +121,9 @@ class SearchResponse(BaseModel):
     offset: int
     has_more: bool = Field(description="Another page follows (ask again with next_offset).")
     next_offset: int | None = Field(description="offset of the next page; None on the last one.")
-    below_cutoff: int = Field(description="How many of the best offset + k results fell below min_score.")
+    below_cutoff: int = Field(
+        description="How many candidates (the nearest items, at most 1000) fell below min_score and were left out."
+    )
     min_score: float | None
     sort: SortOrder
     timings: dict[str, float] = Field(description="Milliseconds per stage: read, encode, search, db, total.")

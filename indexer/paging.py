@@ -7,8 +7,8 @@ newest first, a page at a time". The rule, the same for text, image and similar-
    inside the engine, so they never thin out a page). `n` is `offset + k + 1` for the plain case
    (relevance order, no cutoff), so the next page is known to exist; otherwise the whole candidate
    pool, `MAX_CANDIDATES` (an order by date is only meaningful among a fixed set of results).
-2. Cutoff: candidates scoring below `min_score` are dropped (`below_cutoff` counts those among the
-   first `offset + k` by relevance: how many more this page would have shown without it).
+2. Cutoff: candidates scoring below `min_score` are dropped; `below_cutoff` counts them (what the UI
+   says it hid: in a collection smaller than the pool, every item that is not a result).
 3. Order: `relevance` (score, best first), `taken` (when the photo was taken, newest first; undated
    last) or `added` (when it was indexed, newest first); ties by score.
 4. Page: `offset` .. `offset + k` of that list. A list ends at `MAX_CANDIDATES`: a page reaching
@@ -89,7 +89,7 @@ def rank(hits: list[Hit], pool: int, page: PageRequest, dates: DateKeys | None =
     the engine's answer); `dates` are needed for the date orders."""
     cutoff = page.min_score
     above = hits if cutoff is None else [h for h in hits if h.score >= cutoff]
-    below = 0 if cutoff is None else sum(1 for h in hits[: page.end] if h.score < cutoff)
+    below = len(hits) - len(above)
     if page.sort != "relevance":
         keys = dates or {}
         slot = 0 if page.sort == "taken" else 1

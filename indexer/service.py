@@ -66,7 +66,7 @@ class SearchPage:
     total: int  # results above the cutoff among the candidates
     total_exact: bool  # False: more pass than the candidate pool holds (`total` is a lower bound)
     has_more: bool
-    below_cutoff: int  # how many of the best `offset + k` fell below min_score
+    below_cutoff: int  # how many candidates fell below min_score
 
 
 StageMark = Callable[[str], None]

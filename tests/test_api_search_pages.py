@@ -75,13 +75,13 @@ def test_min_score_cuts_off_and_counts_what_it_hid(client: TestClient) -> None:
     r = client.post("/v1/search/text", json={"query": "海边", "k": 5, "min_score": cutoff}).json()
     assert [x["id"] for x in r["results"]] == above[:5]
     assert (r["total"], r["total_exact"], r["has_more"], r["next_offset"]) == (len(above), True, True, 5)
-    assert r["below_cutoff"] == 0 and r["min_score"] == cutoff
+    assert r["below_cutoff"] == COUNT - len(above) and r["min_score"] == cutoff  # the pool holds every item
     # A page as deep as the list: the ones below the cutoff are counted, not shown.
     deep = client.post("/v1/search/text", json={"query": "海边", "k": 30, "min_score": cutoff}).json()
     assert len(deep["results"]) == len(above) and deep["has_more"] is False and deep["next_offset"] is None
-    assert deep["below_cutoff"] == sum(1 for s in scores[:30] if s < cutoff)
+    assert deep["below_cutoff"] == sum(1 for s in scores if s < cutoff)
     none = client.post("/v1/search/text", json={"query": "海边", "min_score": 1.0}).json()
-    assert (none["results"], none["total"], none["total_exact"], none["below_cutoff"]) == ([], 0, True, 20)
+    assert (none["results"], none["total"], none["total_exact"], none["below_cutoff"]) == ([], 0, True, COUNT)
 
 
 def test_pages_of_every_order_add_up_to_the_whole_list(client: TestClient) -> None:
@@ -188,7 +188,9 @@ def test_hostile_dates_are_422(client: TestClient, bad: str) -> None:
         assert response.status_code == 422, (bad, response.text)
 
 
-def test_collections_suggest_a_cutoff_for_their_model(client: TestClient) -> None:
-    listed = client.get("/v1/collections").json()
-    assert set(listed[0]["suggested_min_score"]) == {"text", "image"}
-    assert all(-1 <= v <= 1 for v in listed[0]["suggested_min_score"].values())
+def test_collections_suggest_a_cutoff_only_for_models_measured_or_known(client: TestClient) -> None:
+    from retrieval.relevance import suggested_min_scores
+
+    assert client.get("/v1/collections").json()[0]["suggested_min_score"] == {}  # the fake model: unknown
+    assert suggested_min_scores("cnclip-demo@1de533a782a0") == {"text": 0.25, "image": 0.6}
+    assert suggested_min_scores("cnclip-ViT-B-16@0123456789ab") == {"text": 0.3, "image": 0.7}
