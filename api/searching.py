@@ -5,9 +5,8 @@ collection service (indexer/service.py)."""
 from __future__ import annotations
 
 import time
-from pathlib import PurePath
-
 from datetime import datetime
+from pathlib import PurePath
 
 from api.schemas import Filters, ItemOut, SearchResponse, SearchResult
 from indexer.service import Found, SearchPage

@@ -196,7 +196,9 @@ class SqlCatalog:
                 mime, width, height = image.mime, image.width, image.height
             fields: dict[str, Any] = {"path": image.path, "root": image.root, "sha256": sha, "size": len(image.data)}
             fields.update(mime=mime, width=width, height=height, caption=image.caption, mtime=image.mtime)
-            fields.update(taken_at=naive_utc(image.taken_at) if image.taken_at else None, taken_source=image.taken_source)
+            fields.update(
+                taken_at=naive_utc(image.taken_at) if image.taken_at else None, taken_source=image.taken_source
+            )
             rows.append({**fields, "tags": list(image.tags), "extra": dict(image.extra), "data": image.data})
         return self._add(collection, "images", rows, vectors, model, replace)
 

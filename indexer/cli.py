@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
 import signal
 from collections.abc import Callable
 from datetime import UTC, datetime
-from enum import Enum
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-class Sort(str, Enum):
+class Sort(StrEnum):
     """`cnclip search --sort` (indexer/paging.py SortOrder): a choice, so a typo is a usage error (2)."""
 
     relevance = "relevance"
@@ -35,6 +36,8 @@ class Sort(str, Enum):
     @property
     def order(self) -> SortOrder:
         return self.value  # type: ignore[return-value]
+
+
 EXIT_INTERRUPTED = 130
 EXIT_FILES_FAILED = 3  # the run finished, but some files could not be indexed (api/cli.py EXIT_STATUS)
 SHOWN_FAILURES = 20  # bad files printed on the terminal; the report file has all of them
@@ -230,7 +233,9 @@ def register(app: typer.Typer) -> None:
             return
         for rank, hit in enumerate(out["results"], start=offset + 1):
             taken = (hit["taken_at"] or "")[:10]
-            typer.echo(f"{rank:3d}  {hit['score']:.4f}  #{hit['id']}  {taken:10}  {hit['path'] or hit['caption'] or ''}")
+            typer.echo(
+                f"{rank:3d}  {hit['score']:.4f}  #{hit['id']}  {taken:10}  {hit['path'] or hit['caption'] or ''}"
+            )
         more = f"; next page: --offset {offset + len(out['results'])}" if out["has_more"] else ""
         hidden = f", {out['below_cutoff']} below --min-score" if min_score is not None else ""
         exact = "" if out["total_exact"] else " or more"
@@ -286,10 +291,8 @@ async def _index(
         if not dry_run:
             await asyncio.to_thread(service.ensure, collection, "images", index_factory)
         else:
-            try:
+            with contextlib.suppress(NotFound):  # a missing collection: a real run would create it
                 await asyncio.to_thread(service.writable, collection, "images")
-            except NotFound:
-                pass  # a real run would create it
         await encoder.start()
         indexer = ImageIndexer(
             service,

@@ -237,9 +237,7 @@ class CollectionService:
         """Add images; each gets its `taken_at` here when the caller did not read it (an upload:
         its EXIF date, else now)."""
         info = self.writable(name, "images")
-        dated = [
-            image if image.taken_at is not None else replace(image, **_taken_fields(image)) for image in images
-        ]
+        dated = [image if image.taken_at is not None else replace(image, **_taken_fields(image)) for image in images]
         return self.catalog.add_images(info.name, dated, vectors, model=self.model.model_id, **kwargs)  # type: ignore[arg-type]
 
     def set_taken(self, name: str, updates: Sequence[tuple[int, datetime, TakenSource]]) -> None:

@@ -126,7 +126,9 @@ def test_taken_filters_on_text_image_and_similar(client: TestClient) -> None:
     window = {"taken_from": start.isoformat(), "taken_to": end.isoformat()}
     r = client.post("/v1/search/text", json={"query": "花", "k": COUNT, "filters": window})
     assert [x["id"] for x in r.json()["results"]] == expected
-    image = client.post("/v1/search/image", files={"file": ("q.jpg", photo(1), "image/jpeg")}, data={"k": COUNT, **window})
+    image = client.post(
+        "/v1/search/image", files={"file": ("q.jpg", photo(1), "image/jpeg")}, data={"k": COUNT, **window}
+    )
     assert image.status_code == 200, image.text
     assert sorted(x["id"] for x in image.json()["results"]) == sorted(expected)
     item = results[0]["id"]

@@ -39,8 +39,12 @@ def photo(seed: int, when: str | None = None, offset: str | None = None, fmt: st
 def test_exif_dates_offsets_and_junk(monkeypatch: pytest.MonkeyPatch) -> None:
     assert exif_taken(photo(1, "2019:05:04 03:02:01", "+08:00")) == datetime(2019, 5, 3, 19, 2, 1, tzinfo=UTC)
     assert exif_taken(photo(1, "2019:05:04 03:02:01", "-05:30")) == datetime(2019, 5, 4, 8, 32, 1, tzinfo=UTC)
-    assert exif_taken(photo(1, "2019:05:04 03:02:01", "+08:00", fmt="PNG")) == datetime(2019, 5, 3, 19, 2, 1, tzinfo=UTC)
-    assert exif_taken(photo(1, "2019:05:04 03:02:01", "+08:00", fmt="WEBP")) == datetime(2019, 5, 3, 19, 2, 1, tzinfo=UTC)
+    assert exif_taken(photo(1, "2019:05:04 03:02:01", "+08:00", fmt="PNG")) == datetime(
+        2019, 5, 3, 19, 2, 1, tzinfo=UTC
+    )
+    assert exif_taken(photo(1, "2019:05:04 03:02:01", "+08:00", fmt="WEBP")) == datetime(
+        2019, 5, 3, 19, 2, 1, tzinfo=UTC
+    )
     # No offset: the camera's wall clock, in the indexing process's time zone.
     monkeypatch.setenv("TZ", "Asia/Shanghai")
     import time
@@ -51,7 +55,13 @@ def test_exif_dates_offsets_and_junk(monkeypatch: pytest.MonkeyPatch) -> None:
     finally:
         monkeypatch.delenv("TZ")
         time.tzset()
-    for junk in ["0000:00:00 00:00:00", "    :  :     :  :  ", "2019-05-04", "1700:01:01 00:00:00", "2999:01:01 00:00:00"]:
+    for junk in [
+        "0000:00:00 00:00:00",
+        "    :  :     :  :  ",
+        "2019-05-04",
+        "1700:01:01 00:00:00",
+        "2999:01:01 00:00:00",
+    ]:
         assert exif_taken(photo(2, junk)) is None, junk
     assert parse_exif_datetime("2019:05:04 03:02:01", "+99:00") is not None  # a bad offset is ignored, not the date
     assert exif_taken(photo(3)) is None and exif_taken(b"not an image") is None

@@ -63,9 +63,7 @@ async def search_image(
     vector = (await encoder.embed_images([data]))[0]
     timer.mark("encode")
     filters = to_search_filters(None, taken_from, taken_to)
-    found = await run_blocking(
-        collections.search, collection or None, target, vector, page, filters, mark=timer.mark
-    )
+    found = await run_blocking(collections.search, collection or None, target, vector, page, filters, mark=timer.mark)
     timings = timer.finish()
     metrics.observe_stages(f"search_image_{target}", timings)
     return page_out(found, timings)
