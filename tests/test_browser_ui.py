@@ -311,7 +311,7 @@ def test_the_cutoff_hides_and_says_how_many_sorts_and_loads_more(page: Page, ser
     expect(cards).to_have_count(2)
     expect(title).to_contain_text("共 4 条，显示 2 条")
     expect(title).to_contain_text(f"已隐藏 2 条相关度低于 {cutoff} 的结果")
-    expect(cards.first.locator(".score")).to_contain_text("上传于 ")  # uploads without EXIF: their upload date
+    expect(cards.first.locator(".taken")).to_contain_text("上传于 ")  # uploads without EXIF: their upload date
     page.click("#panel-text button.more")
     expect(cards).to_have_count(4)
     expect(page.locator("#panel-text button.more")).to_have_count(0)  # the last page

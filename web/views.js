@@ -211,8 +211,9 @@ function resultCard(result) {
   } else {
     link.append(textLine("caption", result.caption || "（无描述）"));
   }
+  link.append(textLine("score", `相似度 ${result.score.toFixed(3)}`));
   const taken = takenText(result);
-  link.append(textLine("score", `相似度 ${result.score.toFixed(3)}${taken ? ` · ${taken}` : ""}`));
+  if (taken) link.append(textLine("taken", taken));
   li.append(link);
   return li;
 }
