@@ -10,6 +10,7 @@ from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema, field_validator
 
 from indexer.names import COLLECTION_NAME_PATTERN
+from indexer.paging import MAX_CANDIDATES, MAX_PAGE, SortOrder
 from retrieval.prompts import (
     MAX_LABEL_CHARS,
     MAX_LABELS,
@@ -20,7 +21,8 @@ from retrieval.prompts import (
 )
 
 MAX_QUERY_CHARS = 512
-MAX_K = 200
+MAX_K = MAX_PAGE  # one limit for the API and `cnclip search -k`
+MAX_OFFSET = MAX_CANDIDATES - 1  # result lists end at MAX_CANDIDATES (indexer/paging.py)
 MAX_EMBED_TEXTS = 256
 MAX_EMBED_IMAGES = 32
 MAX_TEXTS_PER_REQUEST = 1000
@@ -58,11 +60,34 @@ class Filters(StrictModel):
     mime: list[str] | None = Field(None, max_length=10, description="An item's mime type must be one of these.")
     date_from: datetime | None = Field(None, description="Added at or after (ISO 8601).")
     date_to: datetime | None = Field(None, description="Added at or before (ISO 8601).")
+    taken_from: datetime | None = Field(
+        None, description="Taken at or after (ISO 8601; see taken_at). Items with no date never pass."
+    )
+    taken_to: datetime | None = Field(None, description="Taken at or before (ISO 8601).")
 
 
-class TextSearchRequest(StrictModel):
+MIN_SCORE_DOC = (
+    "Relevance cutoff: results with a lower cosine score are left out (and counted in below_cutoff). "
+    "Default: none. GET /v1/collections suggests one per model."
+)
+SORT_DOC = (
+    "relevance: best score first; taken: newest photo first (undated last); added: newest indexed first. "
+    "Dates order the results above min_score among the candidates (at most 1000)."
+)
+OFFSET_DOC = "Results to skip (paging). A result list ends at 1000: a page past it is cut short."
+
+
+class PageFields(StrictModel):
+    """Cutoff, order and page: the same fields for every search."""
+
+    k: int = Field(20, ge=1, le=MAX_K, description="How many results (one page).")
+    offset: int = Field(0, ge=0, le=MAX_OFFSET, description=OFFSET_DOC)
+    min_score: float | None = Field(None, ge=-1.0, le=1.0, description=MIN_SCORE_DOC)
+    sort: SortOrder = Field("relevance", description=SORT_DOC)
+
+
+class TextSearchRequest(PageFields):
     query: Query = Field(description="Text to search for, at most 512 characters.", examples=["穿红色裙子的女孩"])
-    k: int = Field(20, ge=1, le=MAX_K, description="How many results.")
     collection: CollectionName | None = Field(None, description="Defaults to the default image collection.")
     filters: Filters | None = None
 
@@ -78,11 +103,29 @@ class SearchResult(BaseModel):
     thumbnail_url: str | None
     width: int | None
     height: int | None
+    taken_at: datetime | None = Field(None, description="When the photo was taken (UTC); None for texts.")
+    taken_at_source: Literal["exif", "mtime", "upload"] | None = Field(
+        None,
+        description="exif: DateTimeOriginal; mtime: the file's modification time (no EXIF date); "
+        "upload: the upload time (no EXIF date). None for texts and files not yet re-read after an upgrade.",
+    )
 
 
 class SearchResponse(BaseModel):
     results: list[SearchResult]
     collection: str
+    total: int = Field(description="Results above min_score among the candidates (see total_exact).")
+    total_exact: bool = Field(
+        description="False when more items pass than the candidates hold: total is then a lower bound."
+    )
+    offset: int
+    has_more: bool = Field(description="Another page follows (ask again with next_offset).")
+    next_offset: int | None = Field(description="offset of the next page; None on the last one.")
+    below_cutoff: int = Field(
+        description="How many candidates (the nearest items, at most 1000) fell below min_score and were left out."
+    )
+    min_score: float | None
+    sort: SortOrder
     timings: dict[str, float] = Field(description="Milliseconds per stage: read, encode, search, db, total.")
 
 
@@ -111,6 +154,10 @@ class CollectionOut(BaseModel):
     index: str
     default: bool = Field(description="Searches that name no collection of this kind use this one.")
     created_at: datetime | None
+    suggested_min_score: dict[str, float] = Field(
+        default_factory=dict,
+        description="A starting min_score for this collection's model, per query kind (text, image).",
+    )
 
 
 class CreateCollectionRequest(StrictModel):
@@ -136,6 +183,8 @@ class ItemOut(BaseModel):
     image_url: str | None
     thumbnail_url: str | None
     created_at: datetime | None
+    taken_at: datetime | None = Field(None, description="When the photo was taken (UTC); see SearchResult.")
+    taken_at_source: Literal["exif", "mtime", "upload"] | None = None
 
 
 class AddedItem(BaseModel):

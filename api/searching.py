@@ -5,10 +5,11 @@ collection service (indexer/service.py)."""
 from __future__ import annotations
 
 import time
+from datetime import datetime
 from pathlib import PurePath
 
-from api.schemas import Filters, ItemOut, SearchResult
-from indexer.service import Found
+from api.schemas import Filters, ItemOut, SearchResponse, SearchResult
+from indexer.service import Found, SearchPage
 from indexer.types import ItemRecord, SearchFilters
 
 
@@ -69,6 +70,8 @@ def item_out(item: ItemRecord) -> ItemOut:
         image_url=image_url,
         thumbnail_url=thumbnail_url,
         created_at=item.created_at,
+        taken_at=item.taken_at,
+        taken_at_source=item.taken_source,
     )
 
 
@@ -87,10 +90,42 @@ def result_out(found: Found) -> SearchResult:
         thumbnail_url=thumbnail_url,
         width=item.width,
         height=item.height,
+        taken_at=item.taken_at,
+        taken_at_source=item.taken_source,
     )
 
 
-def to_search_filters(filters: Filters | None) -> SearchFilters | None:
+def page_out(page: SearchPage, timings: dict[str, float]) -> SearchResponse:
+    """The response for one page of results (paging rules: indexer/paging.py)."""
+    request = page.page
+    return SearchResponse(
+        results=[result_out(f) for f in page.results],
+        collection=page.collection.name,
+        total=page.total,
+        total_exact=page.total_exact,
+        offset=request.offset,
+        has_more=page.has_more,
+        next_offset=request.end if page.has_more else None,
+        below_cutoff=page.below_cutoff,
+        min_score=request.min_score,
+        sort=request.sort,
+        timings=timings,
+    )
+
+
+def to_search_filters(
+    filters: Filters | None, taken_from: datetime | None = None, taken_to: datetime | None = None
+) -> SearchFilters | None:
+    """The catalog's filters for a request's (JSON body filters, or the taken_* form/query fields)."""
     if filters is None:
-        return None
-    return SearchFilters(tags=filters.tags, mime=filters.mime, date_from=filters.date_from, date_to=filters.date_to)
+        if taken_from is None and taken_to is None:
+            return None
+        return SearchFilters(taken_from=taken_from, taken_to=taken_to)
+    return SearchFilters(
+        tags=filters.tags,
+        mime=filters.mime,
+        date_from=filters.date_from,
+        date_to=filters.date_to,
+        taken_from=filters.taken_from,
+        taken_to=filters.taken_to,
+    )

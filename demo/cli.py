@@ -19,7 +19,16 @@ def build_cnclip() -> typer.Typer:
 
 
 def main() -> None:
-    build_cnclip()()
+    """The `cnclip` entry point; Ctrl-C outside a command's own handler exits 130, without a traceback."""
+    import sys
+
+    from api.cli import EXIT_INTERRUPTED
+
+    try:
+        build_cnclip()()
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
 
 
 def register(app: typer.Typer) -> None:
@@ -61,11 +70,15 @@ def register(app: typer.Typer) -> None:
             + (f", {result.failures} failed" if result.failures else "")
         )
         typer.echo(f"{TEXT_COLLECTION}: {result.texts_added} texts added, {result.texts_existing} already there")
+        if not serve:
+            # Nothing listens yet: no URLs, only what works now and how to start the server.
+            typer.echo("\nNothing is serving (--no-serve). Try it from the shell:")
+            typer.echo(f"  cnclip search 红色的星星 --collection {IMAGE_COLLECTION} -k 5")
+            typer.echo(f"and start the UI and API with:\n  cnclip serve --host {settings.host} --port {settings.port}")
+            return
         typer.echo("\nTry it:")
         for what, command in example_commands(settings, files):
             typer.echo(f"  # {what}\n  {command}")
-        if not serve:
-            return
         import uvicorn
 
         from api.app import create_app

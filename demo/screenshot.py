@@ -51,9 +51,13 @@ def take(out: Path, query: str = "红色的星星") -> None:
             page.fill("#query", query)
             page.click("#search-button")
             page.wait_for_selector("#panel-text .results .card")
-            page.wait_for_function(
-                "[...document.querySelectorAll('#panel-text .results img')].every(i => i.complete && i.naturalWidth > 0)"
-            )
+            # Polled from here: wait_for_function compiles its predicate in the page, which the UI's
+            # CSP (no 'unsafe-eval') refuses whenever the first check is not already true.
+            images = page.locator("#panel-text .results img")
+            while not images.evaluate_all("imgs => imgs.every(i => i.complete && i.naturalWidth > 0)"):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the thumbnails did not load")
+                time.sleep(0.1)
             out.parent.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(out))
             browser.close()

@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -25,8 +26,9 @@ from sqlalchemy import Engine
 from indexer.media import media_root
 from indexer.media_check import verified_media_path
 from indexer.names import check_collection_name, collection_key
-from indexer.rows import ItemRows, text_sha
+from indexer.rows import ItemRows, naive_utc, text_sha
 from indexer.sync import Progress, StoreSync
+from indexer.taken import set_taken
 from indexer.types import (
     AddResult,
     CollectionInfo,
@@ -38,6 +40,7 @@ from indexer.types import (
     NewImage,
     NewText,
     SearchFilters,
+    TakenSource,
 )
 from indexer.vector_store import StoreSpec, VectorEngine, VectorStoreBusy
 from retrieval.errors import Conflict, InvalidInput, NotFound
@@ -197,6 +200,9 @@ class SqlCatalog:
                 mime, width, height = image.mime, image.width, image.height
             fields: dict[str, Any] = {"path": image.path, "root": image.root, "sha256": sha, "size": len(image.data)}
             fields.update(mime=mime, width=width, height=height, caption=image.caption, mtime=image.mtime)
+            fields.update(
+                taken_at=naive_utc(image.taken_at) if image.taken_at else None, taken_source=image.taken_source
+            )
             rows.append({**fields, "tags": list(image.tags), "extra": dict(image.extra), "data": image.data})
         return self._add(collection, "images", rows, vectors, model, replace)
 
@@ -241,6 +247,11 @@ class SqlCatalog:
     def update_files(self, collection: str, moves: Sequence[tuple[int, str, int, float]]) -> None:
         """Record (item id, new path, size, mtime) for files renamed or touched without new content."""
         self.rows.update_files(self.rows.collection(collection).id, moves)
+
+    def set_taken(self, collection: str, updates: Sequence[tuple[int, datetime, TakenSource]]) -> None:
+        """Record when photos already in the collection were taken (the backfill, indexer/taken.py)."""
+        state = self.rows.collection(collection)
+        self._after_write(state.id, set_taken(self.engine, state.id, updates))
 
     def delete(self, item_ids: Sequence[int], *, reason: str = "user", remember: bool | None = None) -> int:
         """Delete items (any collections); returns how many existed. A user's deletion (the default)

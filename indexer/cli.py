@@ -3,23 +3,43 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import logging
 import signal
 from collections.abc import Callable
 from datetime import UTC, datetime
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
+from indexer.paging import MAX_CANDIDATES, MAX_PAGE, SortOrder
+
 if TYPE_CHECKING:
     from indexer.config import StorageSettings
+    from indexer.paging import PageRequest
     from indexer.pipeline import IndexSummary
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class Sort(StrEnum):
+    """`cnclip search --sort` (indexer/paging.py SortOrder): a choice, so a typo is a usage error (2)."""
+
+    relevance = "relevance"
+    taken = "taken"
+    added = "added"
+
+    @property
+    def order(self) -> SortOrder:
+        return self.value  # type: ignore[return-value]
+
+
 EXIT_INTERRUPTED = 130
+EXIT_FILES_FAILED = 3  # the run finished, but some files could not be indexed (api/cli.py EXIT_STATUS)
 SHOWN_FAILURES = 20  # bad files printed on the terminal; the report file has all of them
 
 
@@ -83,11 +103,17 @@ def register(app: typer.Typer) -> None:
             typer.Option("--restore-deleted", help="Index again the files whose items a user deleted."),
         ] = False,
     ) -> None:
-        """Index the images of a folder or manifest: incremental, resumable, bad files reported.
-        Items deleted by a user stay deleted unless --restore-deleted."""
+        """Index the images of a folder or manifest: incremental, resumable, bad files reported
+        (exit status 3 when some failed). Items deleted by a user stay deleted unless --restore-deleted.
+        Files indexed before photo dates existed get theirs (EXIF or mtime) without being embedded again."""
         from indexer.names import check_collection_name
+        from retrieval.errors import InvalidInput
 
         check_collection_name(collection)
+        if not source.exists():  # before the catalog, the model and the progress bar
+            raise InvalidInput(f"{source} does not exist")
+        if batch_size is not None and batch_size < 1:
+            raise InvalidInput("--batch-size must be at least 1")
         settings = _settings()
         summary = asyncio.run(
             _index(settings, source, collection, prune, dry_run, batch_size, index_factory, restore_deleted)
@@ -100,6 +126,8 @@ def register(app: typer.Typer) -> None:
         if summary.interrupted:
             typer.echo("interrupted: everything committed is kept; run the same command again to resume")
             raise typer.Exit(EXIT_INTERRUPTED)
+        if summary.failures:
+            raise typer.Exit(EXIT_FILES_FAILED)
 
     @app.command("index-texts")
     @_friendly_errors
@@ -112,6 +140,10 @@ def register(app: typer.Typer) -> None:
         from indexer.texts import read_texts
 
         check_collection_name(collection)
+        if not file.is_file():
+            from retrieval.errors import InvalidInput
+
+            raise InvalidInput(f"{file} is not a file")
         settings = _settings()
         texts = read_texts(file)
         added, existing = asyncio.run(_index_texts(settings, collection, texts))
@@ -171,16 +203,43 @@ def register(app: typer.Typer) -> None:
         collection: Annotated[
             str | None, typer.Option("--collection", "-c", help="Default: the oldest image collection.")
         ] = None,
-        k: Annotated[int, typer.Option("-k", min=1, max=1000, help="How many results.")] = 10,
+        k: Annotated[int, typer.Option("-k", min=1, max=MAX_PAGE, help="How many results (one page).")] = 10,
+        offset: Annotated[
+            int, typer.Option(min=0, max=MAX_CANDIDATES - 1, help="Results to skip (the next page).")
+        ] = 0,
+        min_score: Annotated[
+            float | None, typer.Option(min=-1.0, max=1.0, help="Leave out results scoring lower (relevance cutoff).")
+        ] = None,
+        sort: Annotated[
+            Sort, typer.Option(help="relevance, taken (newest photo first) or added (newest indexed first).")
+        ] = Sort.relevance,
         as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
     ) -> None:
-        """Search a collection with a text query (a quick check from the shell)."""
-        name, hits = asyncio.run(_search(_settings(), text, collection, k))
+        """Search an image collection with a text query (a quick check from the shell); the same
+        cutoff, orders and pages as the API's POST /v1/search/text."""
+        from indexer.names import check_collection_name
+        from indexer.paging import PageRequest
+        from retrieval.errors import InvalidInput
+
+        if collection is not None:
+            check_collection_name(collection)
+        if not text.strip():
+            raise InvalidInput("the query is empty")
+        page = PageRequest(k, offset, min_score, sort.order)
+        page.check()  # before the model loads
+        out = asyncio.run(_search(_settings(), text.strip(), collection, page))
         if as_json:
-            typer.echo(json.dumps({"collection": name, "results": hits}, ensure_ascii=False))
+            typer.echo(json.dumps(out, ensure_ascii=False))
             return
-        for rank, hit in enumerate(hits, start=1):
-            typer.echo(f"{rank:3d}  {hit['score']:.4f}  #{hit['id']}  {hit['path'] or hit['caption'] or ''}")
+        for rank, hit in enumerate(out["results"], start=offset + 1):
+            taken = (hit["taken_at"] or "")[:10]
+            typer.echo(
+                f"{rank:3d}  {hit['score']:.4f}  #{hit['id']}  {taken:10}  {hit['path'] or hit['caption'] or ''}"
+            )
+        more = f"; next page: --offset {offset + len(out['results'])}" if out["has_more"] else ""
+        hidden = f", {out['below_cutoff']} below --min-score" if min_score is not None else ""
+        exact = "" if out["total_exact"] else " or more"
+        typer.echo(f"{out['collection']}: {out['total']}{exact} results{hidden}{more}")
 
 
 def _reindex(settings: StorageSettings, collection: str) -> int:
@@ -210,10 +269,7 @@ async def _index(
     from indexer.progress import IndexProgress
     from indexer.service import collection_service
     from retrieval.encoder import create_encoder
-    from retrieval.errors import InvalidInput
-
-    if not source.exists():
-        raise InvalidInput(f"{source} does not exist")
+    from retrieval.errors import NotFound
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -231,8 +287,12 @@ async def _index(
     loop.add_signal_handler(signal.SIGINT, on_sigint)
     try:
         service = collection_service(catalog, encoder, settings)
+        # Kind and model are checked before the model loads (a dry run checks an existing collection).
         if not dry_run:
-            await asyncio.to_thread(service.ensure, collection, "images", index_factory)  # before the model loads
+            await asyncio.to_thread(service.ensure, collection, "images", index_factory)
+        else:
+            with contextlib.suppress(NotFound):  # a missing collection: a real run would create it
+                await asyncio.to_thread(service.writable, collection, "images")
         await encoder.start()
         indexer = ImageIndexer(
             service,
@@ -270,9 +330,7 @@ async def _index_texts(settings: StorageSettings, collection: str, texts: list[A
         await asyncio.to_thread(catalog.close)
 
 
-async def _search(
-    settings: StorageSettings, text: str, collection: str | None, k: int
-) -> tuple[str, list[dict[str, Any]]]:
+async def _search(settings: StorageSettings, text: str, collection: str | None, page: PageRequest) -> dict[str, Any]:
     from indexer.engines import open_catalog
     from indexer.service import collection_service
     from retrieval.encoder import create_encoder
@@ -284,11 +342,26 @@ async def _search(
         await asyncio.to_thread(service.resolve, collection, "images")  # before the model loads
         await encoder.start()
         vector = (await encoder.embed_texts([text]))[0]
-        info, found = await asyncio.to_thread(service.search, collection, "images", vector, k)
+        found = await asyncio.to_thread(service.search, collection, "images", vector, page)
         results = [
-            {"id": f.item.id, "score": round(f.score, 6), "path": f.item.path, "caption": f.item.caption} for f in found
+            {
+                "id": f.item.id,
+                "score": round(f.score, 6),
+                "path": f.item.path,
+                "caption": f.item.caption,
+                "taken_at": f.item.taken_at.isoformat() if f.item.taken_at else None,
+                "taken_at_source": f.item.taken_source,
+            }
+            for f in found.results
         ]
-        return info.name, results
+        return {
+            "collection": found.collection.name,
+            "results": results,
+            "total": found.total,
+            "total_exact": found.total_exact,
+            "has_more": found.has_more,
+            "below_cutoff": found.below_cutoff,
+        }
     finally:
         await encoder.close()
         await asyncio.to_thread(catalog.close)
@@ -308,16 +381,19 @@ def _write_report(path: Path, failures: list[tuple[str, str]]) -> None:
 def _print_summary(summary: IndexSummary, dry_run: bool) -> None:
     if dry_run:
         typer.echo(
-            f"dry run: {summary.would_index} files to read and embed, {summary.unchanged} unchanged, "
+            f"dry run: {summary.would_index} images to embed, {summary.would_date} to date, "
+            f"{summary.unchanged} unchanged, {summary.duplicates} duplicates, {summary.renamed} renamed, "
             f"{summary.would_prune} rows to prune, {len(summary.failures)} unreadable"
         )
     else:
-        rate = summary.embedded / summary.seconds if summary.seconds else 0.0
+        # A rate only when something was embedded: "0.0 images/s" for a run with nothing to do reads as a stall.
+        rate = f", {summary.embedded / summary.seconds:.1f} images/s" if summary.embedded and summary.seconds else ""
+        dated = f"; dated {summary.dated}" if summary.dated else ""
         typer.echo(
             f"indexed {summary.added} new, {summary.changed} changed, {summary.renamed} renamed; "
             f"skipped {summary.skipped} (unchanged {summary.unchanged}, duplicates {summary.duplicates}, "
-            f"not images {summary.not_images}, deleted earlier {summary.deleted_before}); failed {len(summary.failures)}; pruned {summary.pruned}; "
-            f"{summary.seconds:.1f} s, {rate:.1f} images/s"
+            f"not images {summary.not_images}, deleted earlier {summary.deleted_before}); failed {len(summary.failures)}; "
+            f"pruned {summary.pruned}{dated}; {summary.seconds:.1f} s{rate}"
         )
     for where, why in summary.failures[:SHOWN_FAILURES]:
         typer.echo(f"  bad: {where}: {why}")

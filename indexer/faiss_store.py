@@ -34,7 +34,7 @@ MAX_IVF_LISTS = 1 << 20
 
 
 def has_filters(filters: SearchFilters | None) -> bool:
-    return bool(filters and (filters.tags or filters.mime or filters.date_from or filters.date_to))
+    return bool(filters and filters.any())
 
 
 @contextmanager

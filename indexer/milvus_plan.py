@@ -34,6 +34,9 @@ MAX_DIM = 32_768  # Milvus's bound for FLOAT_VECTOR dim
 EF_CONSTRUCTION = 128  # between FAISS's 40 (fast, lower recall) and Milvus's 200 (slow builds at 1M)
 MAX_TOPK = 16_384  # Milvus refuses a larger limit
 EPOCH = datetime(1970, 1, 1)
+# taken_at of an item with no known date: Milvus Lite's nullable scalars do not compare like SQL's
+# NULL, so an unknown date is a value far before any photo, kept out of every taken filter explicitly.
+NO_TAKEN = -(2**62)
 
 _FLAT = re.compile(r"Flat")
 _IVF_FLAT = re.compile(r"IVF(\d+),Flat")
@@ -130,6 +133,13 @@ def filter_expression(filters: SearchFilters | None) -> tuple[str, dict[str, Any
     if filters.date_to is not None:
         parts.append("created_at <= {date_to}")
         params["date_to"] = micros(filters.date_to)
+    if filters.taken_from is not None:
+        parts.append("taken_at >= {taken_from}")
+        params["taken_from"] = micros(filters.taken_from)
+    if filters.taken_to is not None:
+        parts.append("taken_at <= {taken_to} and taken_at > {no_taken}")
+        params["taken_to"] = micros(filters.taken_to)
+        params["no_taken"] = NO_TAKEN
     return " and ".join(parts), params
 
 

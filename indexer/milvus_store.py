@@ -5,8 +5,8 @@ process) or `http(s)://host:19530` (a Milvus server or cluster; same code, optio
 
 A collection is named `cnclip_<vector_key>` (the key is never reused, so a collection deleted and
 made again under the same name never meets the old vectors). Primary key = the SQL item id, a
-FLOAT_VECTOR, and the fields filters look at: mime, created_at (microseconds, naive UTC like SQL)
-and tags, so tag / mime / date filters run inside Milvus and a filtered search returns k hits
+FLOAT_VECTOR, and the fields filters look at: mime, created_at and taken_at (microseconds, naive
+UTC like SQL) and tags, so tag / mime / date filters run inside Milvus and a filtered search returns k hits
 whenever k items pass. The model, dimension and index description are collection properties: a
 collection whose properties disagree with SQL is dropped and rebuilt from SQL. Consistency is
 Strong: a write is searchable when the call returns.
@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 from pymilvus import DataType, MilvusClient, MilvusException
 
-from indexer.milvus_plan import MAX_TOPK, IndexPlan, filter_expression, inline, micros, plan_index
+from indexer.milvus_plan import MAX_TOPK, NO_TAKEN, IndexPlan, filter_expression, inline, micros, plan_index
 from indexer.types import SearchFilters
 from indexer.vector_index import SearchTuning
 from indexer.vector_store import (
@@ -50,7 +50,9 @@ log = logging.getLogger(__name__)
 
 BATCH = 2_000  # rows per insert / delete / query-iterator page
 MAX_TAGS = 4_096  # Milvus's bound on an ARRAY field's capacity
-PROPERTY_KEYS = ("cnclip.model", "cnclip.dim", "cnclip.index")
+PROPERTY_KEYS = ("cnclip.model", "cnclip.dim", "cnclip.index", "cnclip.fields")
+# The scalar fields a collection holds; a collection made with older ones is rebuilt from SQL.
+FIELDS = "mime,created_at,tags,taken_at"
 
 # pymilvus runs one Lite server per file per process and keeps it until exit; engines of one
 # process (a test's two catalogs, say) share it, so the last one to close stops it and frees the file.
@@ -95,6 +97,7 @@ class MilvusStore:
                     "vector": vector,
                     "mime": attr.mime,
                     "created_at": micros(attr.created_at),
+                    "taken_at": micros(attr.taken_at) if attr.taken_at is not None else NO_TAKEN,
                     "tags": list(attr.tags[:MAX_TAGS]),
                 }
                 for item_id, vector, attr in zip(
@@ -241,7 +244,12 @@ class MilvusEngine:
         plan = plan_index(spec.factory, spec.dim, self.lite)
         store = MilvusStore(self, spec, plan, fetch)
         client = self.client()
-        wanted = {"cnclip.model": spec.model, "cnclip.dim": str(spec.dim), "cnclip.index": spec.factory}
+        wanted = {
+            "cnclip.model": spec.model,
+            "cnclip.dim": str(spec.dim),
+            "cnclip.index": spec.factory,
+            "cnclip.fields": FIELDS,
+        }
         if self.call(lambda: client.has_collection(store.name)):
             properties = self.call(lambda: client.describe_collection(store.name)).get("properties", {})
             held = {key: properties.get(key) for key in PROPERTY_KEYS}
@@ -260,6 +268,7 @@ class MilvusEngine:
         schema.add_field("vector", DataType.FLOAT_VECTOR, dim=spec.dim)
         schema.add_field("mime", DataType.VARCHAR, max_length=256, nullable=True)
         schema.add_field("created_at", DataType.INT64)
+        schema.add_field("taken_at", DataType.INT64)  # NO_TAKEN when unknown
         schema.add_field("tags", DataType.ARRAY, element_type=DataType.VARCHAR, max_capacity=MAX_TAGS, max_length=1024)
         params: dict[str, Any] = dict(plan.params)
         if self.lite:  # Lite 3.2 reads build parameters only from the legacy JSON `params` key

@@ -70,6 +70,7 @@ class ItemRow(Base):
         Index("ix_items_collection_path", "collection_id", "path"),
         Index("ix_items_collection_created", "collection_id", "created_at"),
         Index("ix_items_collection_version", "collection_id", "version"),
+        Index("ix_items_collection_taken", "collection_id", "taken_at"),
         {"sqlite_autoincrement": True},
     )
 
@@ -91,6 +92,10 @@ class ItemRow(Base):
     version: Mapped[int] = mapped_column(
         BigInteger, default=0, server_default="0"
     )  # the collection version that added it
+    # When the photo was taken (naive UTC) and where that came from: exif | mtime | upload (indexer/taken.py).
+    # NULL for texts, and for files indexed before revision 0003 until `cnclip index` reads them again.
+    taken_at: Mapped[datetime | None] = mapped_column(DateTime())
+    taken_source: Mapped[str | None] = mapped_column(String(8))
 
 
 class DeletedItemRow(Base):

@@ -19,13 +19,16 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 
 from indexer.service import CollectionService
 from indexer.sources import SourceEntry, load_entries, looks_like_image
-from indexer.types import FileState, NewImage, NewText
+from indexer.taken import Taken, taken_of
+from indexer.types import FileState, NewImage, NewText, TakenSource
 from retrieval.errors import InvalidImage, NotFound
 from retrieval.preprocess import probe_image
 from retrieval.types import Encoder
@@ -46,8 +49,10 @@ class IndexSummary:
     not_images: int = 0  # folder files that are not images at all (not reported as failures)
     deleted_before: int = 0  # bytes a user deleted from the collection: not added again
     pruned: int = 0
-    would_index: int = 0  # --dry-run: files that would be read and (re-)embedded
+    would_index: int = 0  # --dry-run: images a real run would embed (read, hashed, deduplicated like one)
     would_prune: int = 0
+    dated: int = 0  # unchanged files indexed before taken_at existed, dated now (nothing embedded)
+    would_date: int = 0  # --dry-run: such files
     failures: list[tuple[str, str]] = field(default_factory=list)
     interrupted: bool = False
     seconds: float = 0.0
@@ -73,9 +78,12 @@ class _Prepared:
     size: int
     mtime: float
     replaces: int | None  # the row of this path's previous content
+    taken: Taken
 
 
 ProgressCallback = Callable[[IndexSummary], None]
+# (path updates (id, path, size, mtime), date updates (id, taken_at, source), ids to delete)
+MovePayload = tuple[list[tuple[int, str, int, float]], list[tuple[int, datetime, TakenSource]], list[int]]
 
 
 class ImageIndexer:
@@ -104,6 +112,7 @@ class ImageIndexer:
         self.index_factory = index_factory
         self.restore_deleted = restore_deleted
         self.root: str | None = None
+        self.undated: list[SourceEntry] = []  # unchanged files whose rows have no taken_at (from _plan)
 
     async def run(
         self,
@@ -121,10 +130,13 @@ class ImageIndexer:
         self.root = str(source.resolve()) if source.is_dir() else None
         summary = IndexSummary(total=len(entries) + len(problems), failures=list(problems))
         if dry_run:
+            # Reads and hashes what a real run would, so that `would_index` is exactly what it would embed.
             states = self._states_if_exists()
             todo = self._plan(entries, states, summary)
-            summary.would_index = len(todo)
+            summary.would_date = len(self.undated)
             summary.would_prune = sum(1 for path in states if prune and not os.path.exists(path))
+            await self._dry_run(todo, summary, stop)
+            summary.interrupted = stop.is_set()
             summary.seconds = time.perf_counter() - started
             return summary
         self.service.ensure(self.collection, "images", self.index_factory)
@@ -133,6 +145,8 @@ class ImageIndexer:
             log.info("%s: %d deleted items may be indexed again", self.collection, restored)
         todo = self._plan(entries, self.catalog.file_states(self.collection), summary)
         report(summary)
+        if self.undated and not stop.is_set():
+            summary.dated = await asyncio.to_thread(self._date_unchanged, self.catalog.file_states(self.collection))
         await self._index(todo, summary, stop, report)
         if prune and not stop.is_set():
             summary.pruned = await asyncio.to_thread(self._prune)
@@ -162,9 +176,24 @@ class ImageIndexer:
                 continue
             if state is not None and state.size == stat.st_size and state.mtime == stat.st_mtime:
                 summary.unchanged += 1
+                if not state.has_taken:
+                    self.undated.append(entry)
             else:
                 todo.append((entry, state))
         return todo
+
+    def _date_unchanged(self, states: dict[str, FileState], chunk: int = 500) -> int:
+        """The backfill: read the date of unchanged files indexed before taken_at existed, and record
+        it (no embedding). Reader threads; a file unreadable now keeps no date until the next run."""
+        with ThreadPoolExecutor(self.read_threads, thread_name_prefix="cnclip-date") as pool:
+            dated = [
+                (states[str(entry.path)].id, *taken)
+                for entry, taken in zip(self.undated, pool.map(_read_taken, self.undated), strict=True)
+                if taken is not None and str(entry.path) in states
+            ]
+        for start in range(0, len(dated), chunk):
+            self.service.set_taken(self.collection, dated[start : start + chunk])
+        return len(dated)
 
     def _prune(self) -> int:
         gone = [s.id for path, s in self.catalog.file_states(self.collection).items() if not os.path.exists(path)]
@@ -227,18 +256,14 @@ class ImageIndexer:
             pending_shas: set[str] = set()
             try:
                 async for prepared in self._read(todo, summary, stop):
-                    if prepared.sha256 in deleted and prepared.replaces is None:
-                        summary.deleted_before += 1  # a user deleted these bytes: they stay deleted
-                        continue
-                    known = contents.get(prepared.sha256)
-                    if known is None and prepared.sha256 not in pending_shas:
-                        pending_shas.add(prepared.sha256)
+                    action = self._route(prepared, contents, deleted, pending_shas, summary)
+                    if action == "embed":
                         batch.append(prepared)
                         if len(batch) >= self.batch_size:
                             await queue.put(("embed", asyncio.create_task(self._embed(batch, summary))))
                             batch = []
-                        continue
-                    await queue.put(("move", self._known_content(prepared, known, contents, summary)))
+                    elif action is not None:
+                        await queue.put(("move", action))
                 if batch and not stop.is_set():
                     await queue.put(("embed", asyncio.create_task(self._embed(batch, summary))))
             finally:
@@ -256,19 +281,51 @@ class ImageIndexer:
 
         await asyncio.gather(produce(), commit())
 
+    def _route(
+        self,
+        prepared: _Prepared,
+        contents: dict[str, tuple[int, str | None]],
+        deleted: set[str],
+        pending_shas: set[str],
+        summary: IndexSummary,
+    ) -> Literal["embed"] | MovePayload | None:
+        """What a read file needs: "embed" (new bytes), a path/date update for bytes the collection
+        has, or nothing (deleted by a user earlier). Counts it in `summary`; the dry run uses it too."""
+        if prepared.sha256 in deleted and prepared.replaces is None:
+            summary.deleted_before += 1  # a user deleted these bytes: they stay deleted
+            return None
+        known = contents.get(prepared.sha256)
+        if known is None and prepared.sha256 not in pending_shas:
+            pending_shas.add(prepared.sha256)
+            return "embed"
+        return self._known_content(prepared, known, contents, summary)
+
+    async def _dry_run(
+        self, todo: list[tuple[SourceEntry, FileState | None]], summary: IndexSummary, stop: asyncio.Event
+    ) -> None:
+        try:
+            contents = self.catalog.content_index(self.collection)
+            deleted = self.catalog.remembered_deletions(self.collection)
+        except NotFound:  # a collection a real run would create
+            contents, deleted = {}, set()
+        pending_shas: set[str] = set()
+        async for prepared in self._read(todo, summary, stop):
+            if self._route(prepared, contents, deleted, pending_shas, summary) == "embed":
+                summary.would_index += 1
+
     def _known_content(
         self,
         prepared: _Prepared,
         known: tuple[int, str | None] | None,
         contents: dict[str, tuple[int, str | None]],
         summary: IndexSummary,
-    ) -> tuple[list[tuple[int, str, int, float]], list[int]]:
+    ) -> MovePayload:
         """Bytes the collection has already: a touched file, a rename, or a duplicate. Returns
-        (path updates, ids to delete) for the writer."""
+        (path updates, date updates, ids to delete) for the writer."""
         path = str(prepared.entry.path)
         if known is None:  # same bytes as a file earlier in this run: it is being embedded now
             summary.duplicates += 1
-            return [], [prepared.replaces] if prepared.replaces is not None else []
+            return [], [], [prepared.replaces] if prepared.replaces is not None else []
         item_id, known_path = known
         if known_path == path:
             summary.unchanged += 1  # touched, same bytes: remember the new mtime only
@@ -277,13 +334,16 @@ class ImageIndexer:
             contents[prepared.sha256] = (item_id, path)
         else:
             summary.duplicates += 1
-            return [], [prepared.replaces] if prepared.replaces is not None else []
-        return [(item_id, path, prepared.size, prepared.mtime)], []
+            return [], [], [prepared.replaces] if prepared.replaces is not None else []
+        # Its date as read now: an mtime date follows the file's mtime, and a row from before 0003 gets one.
+        return [(item_id, path, prepared.size, prepared.mtime)], [(item_id, *prepared.taken)], []
 
-    def _apply_move(self, payload: tuple[list[tuple[int, str, int, float]], list[int]]) -> None:
-        updates, deletes = payload
+    def _apply_move(self, payload: MovePayload) -> None:
+        updates, dates, deletes = payload
         if updates:
             self.catalog.update_files(self.collection, updates)
+        if dates:
+            self.service.set_taken(self.collection, dates)
         if deletes:
             self.catalog.delete(deletes, reason="replaced")
 
@@ -303,6 +363,8 @@ class ImageIndexer:
                 width=p.width,
                 height=p.height,
                 sha256=p.sha256,
+                taken_at=p.taken[0],
+                taken_source=p.taken[1],
             )
             for p in batch
         ]
@@ -330,7 +392,16 @@ def _read_file(entry: SourceEntry, state: FileState | None) -> _Prepared | tuple
         return None
     sha = hashlib.sha256(data).hexdigest()
     replaces = state.id if state is not None and state.sha256 != sha else None
-    return _Prepared(entry, data, sha, mime, width, height, len(data), stat.st_mtime, replaces)
+    taken = taken_of(data, stat.st_mtime)
+    return _Prepared(entry, data, sha, mime, width, height, len(data), stat.st_mtime, replaces, taken)
+
+
+def _read_taken(entry: SourceEntry) -> Taken | None:
+    """The date of a file already indexed (the backfill); None when it cannot be read now."""
+    try:
+        return taken_of(entry.path.read_bytes(), entry.path.stat().st_mtime)
+    except OSError:
+        return None
 
 
 async def index_texts(

@@ -24,12 +24,12 @@ class IndexProgress:
             TextColumn(f"[bold]{collection}"),
             BarColumn(),
             MofNCompleteColumn(),
-            TextColumn("{task.fields[rate]:.1f} items/s"),
+            TextColumn("{task.fields[rate]}"),
             TimeRemainingColumn(),
             TextColumn("skipped {task.fields[skipped]}  failed {task.fields[failed]}"),
             console=Console(stderr=True),
         )
-        self._task = self._progress.add_task("index", total=None, rate=0.0, skipped=0, failed=0)
+        self._task = self._progress.add_task("index", total=None, rate="", skipped=0, failed=0)
 
     def __enter__(self) -> IndexProgress:
         self._progress.start()
@@ -46,7 +46,8 @@ class IndexProgress:
             self._task,
             total=summary.total,
             completed=summary.done,
-            rate=summary.embedded / elapsed,
+            # No rate until something is embedded: "0.0 items/s" on a run with nothing to embed reads as a stall.
+            rate=f"{summary.embedded / elapsed:.1f} items/s" if summary.embedded else "",
             skipped=summary.skipped,
             failed=len(summary.failures),
         )

@@ -30,7 +30,9 @@ from retrieval.errors import Conflict, NotFound
 IN_CHUNK = 5000  # ids per SQL IN (...) list; SQLite allows 32766 variables
 
 # Every column a bulk insert names (a multi-row INSERT needs the same keys in every row).
-_EMPTY_ITEM: dict[str, Any] = dict.fromkeys(("path", "root", "size", "mime", "width", "height", "caption", "mtime"))
+_EMPTY_ITEM: dict[str, Any] = dict.fromkeys(
+    ("path", "root", "size", "mime", "width", "height", "caption", "mtime", "taken_at", "taken_source")
+)
 
 
 def naive_utc(moment: datetime) -> datetime:
@@ -332,16 +334,18 @@ class ItemRows:
                         mtime=item.mtime,
                         created_at=aware(item.created_at),
                         updated_at=aware(item.updated_at),
+                        taken_at=aware(item.taken_at),
+                        taken_source=item.taken_source,  # type: ignore[arg-type]
                     )
         return [found[i] for i in item_ids if i in found]
 
     def file_states(self, collection_id: int) -> dict[str, FileState]:
         """Path -> state of every bulk-indexed file of the collection (for incremental runs)."""
-        query = select(ItemRow.path, ItemRow.id, ItemRow.sha256, ItemRow.size, ItemRow.mtime).where(
-            ItemRow.collection_id == collection_id, ItemRow.path.is_not(None)
-        )
+        query = select(
+            ItemRow.path, ItemRow.id, ItemRow.sha256, ItemRow.size, ItemRow.mtime, ItemRow.taken_at.is_not(None)
+        ).where(ItemRow.collection_id == collection_id, ItemRow.path.is_not(None))
         with Session(self.engine) as session:
-            return {str(path): FileState(i, sha, size, mtime) for path, i, sha, size, mtime in session.execute(query)}
+            return {str(row[0]): FileState(*row[1:5], has_taken=bool(row[5])) for row in session.execute(query)}
 
     def content_index(self, collection_id: int) -> dict[str, tuple[int, str | None]]:
         """sha256 -> (item id, path) of every item of the collection (dedupe and rename detection)."""
@@ -395,9 +399,9 @@ class ItemRows:
         found: dict[int, ItemAttrs] = {}
         with Session(self.engine) as session:
             for part in chunks(ids):
-                query = select(ItemRow.id, ItemRow.mime, ItemRow.tags, ItemRow.created_at).where(ItemRow.id.in_(part))
-                for item_id, mime, tags, created in session.execute(query):
-                    found[item_id] = ItemAttrs(mime=mime, tags=tuple(sorted(set(tags or []))), created_at=created)
+                query = select(ItemRow.id, ItemRow.mime, ItemRow.tags, ItemRow.created_at, ItemRow.taken_at)
+                for item_id, mime, tags, created, taken in session.execute(query.where(ItemRow.id.in_(part))):
+                    found[item_id] = ItemAttrs(mime, tuple(sorted(set(tags or []))), created, taken)
         blank = ItemAttrs(mime=None, tags=(), created_at=datetime(1970, 1, 1))
         return [found.get(int(i), blank) for i in ids]
 
@@ -410,6 +414,10 @@ class ItemRows:
             query = query.where(ItemRow.created_at >= naive_utc(filters.date_from))
         if filters.date_to:
             query = query.where(ItemRow.created_at <= naive_utc(filters.date_to))
+        if filters.taken_from:
+            query = query.where(ItemRow.taken_at >= naive_utc(filters.taken_from))
+        if filters.taken_to:
+            query = query.where(ItemRow.taken_at <= naive_utc(filters.taken_to))
         for tag in sorted(set(filters.tags or [])):
             query = query.where(exists().where(ItemTagRow.item_id == ItemRow.id, ItemTagRow.tag == tag))
         with Session(self.engine) as session:

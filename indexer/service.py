@@ -15,14 +15,26 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from datetime import datetime
 from typing import Any
 
 import numpy as np
 
 from indexer.catalog import SqlCatalog
 from indexer.names import check_collection_name
-from indexer.types import AddResult, CollectionInfo, CollectionKind, ItemRecord, NewImage, NewText, SearchFilters
+from indexer.paging import PageRequest, rank
+from indexer.taken import sort_keys, taken_of
+from indexer.types import (
+    AddResult,
+    CollectionInfo,
+    CollectionKind,
+    ItemRecord,
+    NewImage,
+    NewText,
+    SearchFilters,
+    TakenSource,
+)
 from retrieval.errors import Conflict, InvalidInput, NotFound
 from retrieval.manifest import same_model
 from retrieval.types import Encoder
@@ -42,6 +54,19 @@ class ModelIdentity:
 class Found:
     score: float
     item: ItemRecord
+
+
+@dataclass(frozen=True)
+class SearchPage:
+    """One page of results and what is known of the whole list (indexer/paging.py)."""
+
+    collection: CollectionInfo
+    results: list[Found]
+    page: PageRequest
+    total: int  # results above the cutoff among the candidates
+    total_exact: bool  # False: more pass than the candidate pool holds (`total` is a lower bound)
+    has_more: bool
+    below_cutoff: int  # how many candidates fell below min_score
 
 
 StageMark = Callable[[str], None]
@@ -153,44 +178,53 @@ class CollectionService:
         name: str | None,
         kind: CollectionKind,
         vector: np.ndarray,
-        k: int,
+        page: PageRequest,
         filters: SearchFilters | None = None,
         *,
         exclude: int | None = None,
         mark: StageMark | None = None,
-    ) -> tuple[CollectionInfo, list[Found]]:
-        """Top-k items of a collection for one query vector of this model; `exclude` leaves out one
-        id (the query item); `mark(stage)` is called after the vector search and after the row fetch."""
-        return self._search(self.resolve(name, kind), vector, k, filters, exclude, mark)
+    ) -> SearchPage:
+        """One page of a collection's items for a query vector of this model: candidates from the
+        engine, cutoff, order, page (indexer/paging.py). `exclude` leaves out one id (the query item);
+        `mark(stage)` is called after the vector search and after the row fetch."""
+        page.check()
+        return self._search(self.resolve(name, kind), vector, page, filters, exclude, mark)
 
     def _search(
         self,
         info: CollectionInfo,
         vector: np.ndarray,
-        k: int,
+        page: PageRequest,
         filters: SearchFilters | None,
         exclude: int | None,
         mark: StageMark | None,
-    ) -> tuple[CollectionInfo, list[Found]]:
-        hits = self.catalog.search(info.name, vector, k + (1 if exclude is not None else 0), filters)
-        hits = [h for h in hits if h.id != exclude][:k]
+    ) -> SearchPage:
+        pool = page.candidates()
+        hits = self.catalog.search(info.name, vector, pool + (1 if exclude is not None else 0), filters)
+        hits = [h for h in hits if h.id != exclude][:pool]
         if mark:
             mark("search")
-        records = {r.id: r for r in self.catalog.get_many([h.id for h in hits])}
+        above = [h.id for h in hits if page.min_score is None or h.score >= page.min_score]
+        dates = sort_keys(self.catalog.rows.engine, above) if page.sort != "relevance" else None
+        ranked = rank(hits, pool, page, dates)
+        records = {r.id: r for r in self.catalog.get_many([h.id for h in ranked.ids])}
         if mark:
             mark("db")
-        return info, [Found(h.score, records[h.id]) for h in hits if h.id in records]
+        # A hit whose row was deleted between the vector search and the row fetch is dropped.
+        results = [Found(h.score, records[h.id]) for h in ranked.ids if h.id in records]
+        return SearchPage(info, results, page, ranked.total, ranked.total_exact, ranked.has_more, ranked.below_cutoff)
 
     def similar(
-        self, item_id: int, k: int, filters: SearchFilters | None = None, *, mark: StageMark | None = None
-    ) -> tuple[CollectionInfo, list[Found]]:
+        self, item_id: int, page: PageRequest, filters: SearchFilters | None = None, *, mark: StageMark | None = None
+    ) -> SearchPage:
         """Items of the same collection nearest to `item_id`, by its stored vector (comparable with
         the collection's own, whatever model this process runs)."""
+        page.check()
         item = self.catalog.get(item_id)
         vector = self.catalog.vector(item_id)
         if mark:
             mark("encode")  # a stored vector: no model call
-        return self._search(self.catalog.get_collection(item.collection), vector, k, filters, item_id, mark)
+        return self._search(self.catalog.get_collection(item.collection), vector, page, filters, item_id, mark)
 
     # --- writes ----------------------------------------------------------------------------------
     def writable(self, name: str, kind: CollectionKind) -> CollectionInfo:
@@ -200,8 +234,15 @@ class CollectionService:
     def add_images(
         self, name: str, images: Sequence[NewImage], vectors: np.ndarray, **kwargs: object
     ) -> list[AddResult]:
+        """Add images; each gets its `taken_at` here when the caller did not read it (an upload:
+        its EXIF date, else now)."""
         info = self.writable(name, "images")
-        return self.catalog.add_images(info.name, images, vectors, model=self.model.model_id, **kwargs)  # type: ignore[arg-type]
+        dated = [image if image.taken_at is not None else replace(image, **_taken_fields(image)) for image in images]
+        return self.catalog.add_images(info.name, dated, vectors, model=self.model.model_id, **kwargs)  # type: ignore[arg-type]
+
+    def set_taken(self, name: str, updates: Sequence[tuple[int, datetime, TakenSource]]) -> None:
+        """Date photos indexed before taken_at existed (`cnclip index` reads their files again)."""
+        self.catalog.set_taken(self.writable(name, "images").name, updates)
 
     def add_texts(self, name: str, texts: Sequence[NewText], vectors: np.ndarray) -> list[AddResult]:
         info = self.writable(name, "texts")
@@ -211,6 +252,11 @@ class CollectionService:
         """A user's deletion: remembered, so the next `cnclip index` of the folder does not bring
         the same bytes back (unless `--restore-deleted`)."""
         return self.catalog.delete(item_ids, reason="user")
+
+
+def _taken_fields(image: NewImage) -> dict[str, Any]:
+    moment, source = taken_of(image.data, image.mtime)
+    return {"taken_at": moment, "taken_source": source}
 
 
 def collection_service(catalog: SqlCatalog, encoder: Encoder, settings: Any) -> CollectionService:

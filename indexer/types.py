@@ -14,6 +14,9 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 CollectionKind = Literal["images", "texts"]
+# exif: the photo's DateTimeOriginal; mtime: the file's modification time (no EXIF date);
+# upload: the time an uploaded image without an EXIF date was added.
+TakenSource = Literal["exif", "mtime", "upload"]
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,8 @@ class ItemRecord:
     mtime: float | None = None
     created_at: datetime | None = None
     updated_at: datetime | None = None
+    taken_at: datetime | None = None  # when the photo was taken (aware UTC); None for texts
+    taken_source: TakenSource | None = None  # where taken_at came from
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,8 @@ class NewImage:
     width: int | None = None
     height: int | None = None
     sha256: str | None = None
+    taken_at: datetime | None = None  # filled in from EXIF / mtime by the service when None
+    taken_source: TakenSource | None = None
 
 
 @dataclass(frozen=True)
@@ -88,6 +95,12 @@ class SearchFilters:
     mime: list[str] | None = None  # an item's mime must be one of these
     date_from: datetime | None = None  # created_at >= date_from
     date_to: datetime | None = None  # created_at <= date_to
+    taken_from: datetime | None = None  # taken_at >= taken_from (items with no taken_at never pass)
+    taken_to: datetime | None = None  # taken_at <= taken_to
+
+    def any(self) -> bool:
+        """Whether these filters leave anything out."""
+        return bool(self.tags or self.mime or self.date_from or self.date_to or self.taken_from or self.taken_to)
 
 
 @dataclass(frozen=True)
@@ -119,6 +132,7 @@ class FileState:
     sha256: str
     size: int | None
     mtime: float | None
+    has_taken: bool = True  # False: indexed before taken_at existed (the next run reads its date)
 
 
 class Catalog(Protocol):

@@ -44,6 +44,7 @@ class ItemAttrs:
     mime: str | None
     tags: tuple[str, ...]
     created_at: datetime  # naive UTC, like SQL
+    taken_at: datetime | None = None  # naive UTC; None: unknown (never passes a taken_from/taken_to filter)
 
 
 @dataclass(frozen=True)

@@ -285,3 +285,47 @@ def test_results_and_the_item_page_name_their_files(page: Page, server: Server, 
     expect(page.locator("#item-file")).to_have_text("文件：2024/春节/IMG_0001.jpg")
     expect(page.locator("#item-caption")).not_to_be_empty()
     screenshot(page, f"item_filename_{width}")
+
+
+def small_pages(route: Route) -> None:
+    """Pages of 2 (the UI's smallest page is 12 and the gallery holds 6): the real server pages them."""
+    body = json.loads(route.request.post_data or "{}")
+    body["k"] = 2
+    route.continue_(post_data=json.dumps(body))
+
+
+def test_the_cutoff_hides_and_says_how_many_sorts_and_loads_more(page: Page, server: Server, width: int) -> None:
+    import httpx
+
+    ranked = httpx.post(server.base + "/v1/search/text", json={"query": "红色", "k": 6}).json()["results"]
+    cutoff = round((ranked[3]["score"] + ranked[4]["score"]) / 2, 6)  # four above, two below
+    above = [str(r["id"]) for r in ranked[:4]]
+    page.route("**/v1/search/text", small_pages)
+    expect(page.locator("#cutoff")).not_to_be_checked()  # the fake model has no suggested cutoff: all shown
+    page.check("#cutoff")
+    page.fill("#min-score", str(cutoff))
+    page.fill("#query", "红色")
+    page.click("#search-button")
+    cards = page.locator("#panel-text .results .card")
+    title = page.locator("#panel-text .results-title")
+    expect(cards).to_have_count(2)
+    expect(title).to_contain_text("共 4 条，显示 2 条")
+    expect(title).to_contain_text(f"已隐藏 2 条相关度低于 {cutoff} 的结果")
+    expect(cards.first.locator(".taken")).to_contain_text("上传于 ")  # uploads without EXIF: their upload date
+    page.click("#panel-text button.more")
+    expect(cards).to_have_count(4)
+    expect(page.locator("#panel-text button.more")).to_have_count(0)  # the last page
+    assert visible_cards(page) == above
+    screenshot(page, f"cutoff_{width}")
+
+    page.select_option("#sort", "added")  # newest first, among the same four
+    page.click("#search-button")
+    expect(cards).to_have_count(2)
+    page.click("#panel-text button.more")
+    expect(cards).to_have_count(4)
+    assert visible_cards(page) == sorted(above, key=int, reverse=True)
+
+    page.uncheck("#cutoff")  # no cutoff: every item, nothing hidden
+    page.click("#search-button")
+    expect(title).not_to_contain_text("已隐藏")
+    expect(cards).to_have_count(2)

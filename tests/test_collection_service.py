@@ -14,6 +14,7 @@ import pytest
 
 from api.schemas import CollectionName
 from indexer.names import COLLECTION_NAME_PATTERN, check_collection_name
+from indexer.paging import PageRequest
 from indexer.pipeline import ImageIndexer
 from indexer.types import NewImage, NewText
 from retrieval.errors import Conflict, InvalidInput, NotFound
@@ -43,7 +44,7 @@ def test_a_write_with_another_model_is_refused_like_a_search(catalog) -> None:
     with pytest.raises(InvalidInput, match="Re-index it with this model") as write:
         new.add_images("photos", images(1, start=5), random_unit(1, DIM))
     with pytest.raises(InvalidInput, match="Re-index it with this model") as read:
-        new.search("photos", "images", random_unit(1, DIM)[0], 5)
+        new.search("photos", "images", random_unit(1, DIM)[0], PageRequest(k=5))
     assert str(write.value) == str(read.value)  # one rule, one message
     assert catalog.get_collection("photos").items == 2  # nothing was written
 
@@ -188,6 +189,6 @@ def test_the_version_check_of_an_unchanged_collection_is_cheap(tmp_path: Path, d
 def test_unknown_collection_is_404_and_deleting_one_needs_its_name(catalog) -> None:
     service = service_for(catalog, FakeEncoder(dim=DIM))
     with pytest.raises(NotFound):
-        service.search("nothing", "images", random_unit(1, DIM)[0], 3)
+        service.search("nothing", "images", random_unit(1, DIM)[0], PageRequest(k=3))
     with pytest.raises(NotFound):
         service.delete_collection("nothing")

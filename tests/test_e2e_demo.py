@@ -41,12 +41,15 @@ def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     result = CliRunner().invoke(build_cnclip(), ["demo", "--no-serve"], env=env)
     assert result.exit_code == 0, result.output
     assert f"{IMAGE_COLLECTION}: {GALLERY_SIZE} pictures indexed, 0 already there" in result.output
-    assert "红色的星星" in result.output and "/v1/classify" in result.output
+    assert "红色的星星" in result.output and "cnclip serve --host" in result.output
+    assert "http://" not in result.output  # --no-serve: nothing listens, so no URL is printed
+    assert " items/s" in result.output  # the first run embeds, at some rate
     # A second run reuses the pictures and indexes nothing again.
     again = CliRunner().invoke(build_cnclip(), ["demo", "--no-serve"], env=env)
     assert again.exit_code == 0, again.output
     assert "reusing the demo gallery" in again.output
     assert f"{IMAGE_COLLECTION}: 0 pictures indexed, {GALLERY_SIZE} already there" in again.output
+    assert "items/s" not in again.output  # nothing embedded: no "0.0 items/s"
     return data_dir
 
 

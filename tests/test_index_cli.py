@@ -38,7 +38,7 @@ def test_index_stats_search_and_texts(tmp_path: Path, database_url: str, toy_mod
     report = tmp_path / "bad.jsonl"
 
     result = invoke(["index", str(folder), "--collection", "photos", "--report", str(report)], env)
-    assert result.exit_code == 0, result.output
+    assert result.exit_code == 3, result.output  # some files failed: the others are indexed
     assert "indexed 10 new" in result.output and "not images 1" in result.output and "failed 1" in result.output
     assert f"bad: {folder / 'broken.jpg'}: " in result.output
     bad = [json.loads(line) for line in report.read_text().splitlines()]
@@ -69,9 +69,22 @@ def test_index_stats_search_and_texts(tmp_path: Path, database_url: str, toy_mod
     assert {hit["path"] for hit in answer["results"]} <= {str(p) for p in images}
 
     again = invoke(["index", str(folder), "--collection", "photos"], env)
-    assert again.exit_code == 0 and "indexed 0 new" in again.output and "unchanged 10" in again.output
+    assert again.exit_code == 3 and "indexed 0 new" in again.output and "unchanged 10" in again.output
+    assert "images/s" not in again.output  # nothing embedded: no rate
     dry = invoke(["index", str(folder), "--collection", "photos", "--dry-run"], env)
-    assert "dry run: 2 files to read and embed, 10 unchanged" in dry.output
+    # Exactly what a real run embeds after a complete one: nothing (broken.jpg is read again, and fails again).
+    assert "dry run: 0 images to embed, 0 to date, 10 unchanged" in dry.output and "1 unreadable" in dry.output
+    good = tmp_path / "good"
+    write_images(good, 3)
+    assert invoke(["index", str(good), "--collection", "photos"], env).exit_code == 0  # every file indexed
+
+    paged = invoke(["search", "红色的花", "-c", "photos", "-k", "2", "--offset", "2", "--sort", "taken", "--json"], env)
+    assert paged.exit_code == 0, paged.output
+    page = json.loads(paged.output.strip().splitlines()[-1])
+    assert len(page["results"]) == 2 and page["total"] == 10 and page["has_more"] is True  # good/ holds duplicates
+    assert all(hit["taken_at_source"] == "mtime" for hit in page["results"])
+    cut = invoke(["search", "红色的花", "-c", "photos", "--min-score", "1", "--json"], env)
+    assert json.loads(cut.output.strip().splitlines()[-1])["results"] == []
 
     lines = tmp_path / "captions.txt"
     lines.write_text("一只猫\n一辆红色的汽车\n\n一只猫\n", encoding="utf-8")
@@ -90,6 +103,35 @@ def test_index_stats_search_and_texts(tmp_path: Path, database_url: str, toy_mod
     assert "Traceback" not in wrong.output
     missing = invoke(["search", "x", "--collection", "nope"], env)
     assert missing.exit_code == 1 and "no collection named 'nope'" in missing.output
+    texts = invoke(["search", "一只猫", "--collection", "captions"], env)  # text → text: refused, like the API
+    assert texts.exit_code == 1 and "needs an image collection" in texts.output
+
+
+def test_usage_version_help_and_early_checks(tmp_path: Path, toy_model_dir: Path) -> None:
+    """Usage errors exit 2, project errors 1, and bad paths, names and limits are refused before
+    the catalog or the model is opened (the toy model dir does not even exist here)."""
+    env = cli_env(tmp_path / "data", "sqlite:///" + str(tmp_path / "db.sqlite"), tmp_path / "no-model")
+    from importlib.metadata import version
+
+    assert invoke(["--version"], env).output.strip() == version("cnclip-search")
+    helped = invoke(["-h"], env)
+    assert helped.exit_code == 0 and "Exit status: 0 all good" in helped.output and "130" in helped.output
+    index_help = invoke(["index", "-h"], env).output
+    assert "--dry-run" in index_help and "<bool>" not in index_help and "BOOLEAN" not in index_help
+    assert invoke(["search", "x", "-k", "201"], env).exit_code == 2  # the API's MAX_K is 200
+    assert invoke(["search", "x", "-k", "200", "--sort", "date"], env).exit_code == 2
+    assert invoke(["index"], env).exit_code == 2
+    for args, message in [
+        (["index", str(tmp_path / "nowhere"), "-c", "photos"], "does not exist"),
+        (["index", str(tmp_path), "-c", "bad name!"], "collection name"),
+        (["index-texts", str(tmp_path / "none.txt"), "-c", "t"], "is not a file"),
+        (["search", "x", "-c", "bad/name"], "collection name"),
+        (["search", "   ", "-c", "photos"], "the query is empty"),
+    ]:
+        result = invoke(args, env)
+        assert result.exit_code == 1, (args, result.output)
+        assert message in result.output and "Traceback" not in result.output
+    assert not (tmp_path / "db.sqlite").exists()  # refused before the catalog was opened
 
 
 def test_ctrl_c_stops_cleanly_and_a_rerun_resumes(tmp_path: Path, database_url: str, toy_model_dir: Path) -> None:

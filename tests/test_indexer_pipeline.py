@@ -118,13 +118,17 @@ def test_dry_run_changes_nothing(catalog: SqlCatalog, tmp_path: Path) -> None:
     folder = make_folder(tmp_path / "photos")
     encoder = PickyEncoder(DIM)
     summary = run(catalog, encoder, folder, dry_run=True)
-    assert summary.would_index == 17 and encoder.embedded() == 0
-    assert catalog.list_collections() == []
-    run(catalog, encoder, folder)
+    # 12 images + no_extension; copy.jpg has img02's bytes; broken.jpg and fake.png fail; notes.txt is no image
+    assert (summary.would_index, summary.duplicates, len(summary.failures), summary.not_images) == (13, 1, 2, 1)
+    assert encoder.embedded() == 0 and catalog.list_collections() == []
+    real = run(catalog, encoder, folder)
+    assert real.embedded == summary.would_index == 13
     (folder / "img11.jpg").unlink()
     summary = run(catalog, encoder, folder, dry_run=True, prune=True)
-    assert (summary.would_index, summary.unchanged, summary.would_prune) == (4, 12, 1)
+    # The files a run reads again (the duplicate, the bad ones) are read, but nothing would be embedded.
+    assert (summary.would_index, summary.unchanged, summary.would_prune) == (0, 12, 1)
     assert len(paths(catalog)) == 13
+    assert run(catalog, encoder, folder).embedded == 0 and encoder.embedded() == 13
 
 
 def test_encoder_refusals_are_isolated(catalog: SqlCatalog, tmp_path: Path) -> None:

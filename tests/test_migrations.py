@@ -87,3 +87,57 @@ def test_storage_v2_migration_keeps_every_row_and_separates_names_that_differ_in
         keys = connection.execute(text("SELECT vector_key FROM collections")).scalars().all()
         assert len(set(keys)) == 2 and all(len(k) == 32 for k in keys)
     engine.dispose()
+
+
+def test_taken_at_migration_keeps_rows_ids_and_autoincrement_and_dates_uploads(database_url: str) -> None:
+    """A 0002 catalog with a folder file, an upload, a text and a deleted top id: after 0003 every row
+    and vector is there, the upload's taken_at is its upload time (source `upload`), the file's is
+    NULL until `cnclip index` reads it, texts have none, and a new item never reuses a deleted id."""
+    engine = create_db_engine(database_url)
+    upgrade(engine, "0002")
+    with engine.begin() as connection:
+        for cid, name, kind in [(1, "photos", "images"), (2, "words", "texts")]:
+            connection.execute(
+                text(
+                    "INSERT INTO collections (id, name, name_key, kind, model, dim, index_factory, created_at, "
+                    "version, vector_key) VALUES (:id, :name, :name, :kind, 'm', 4, 'Flat', '2026-01-01', 0, :key)"
+                ),
+                {"id": cid, "name": name, "kind": kind, "key": f"{cid:032d}"},
+            )
+        rows = [(1, 1, "/photos/a.jpg"), (2, 1, None), (3, 2, None), (4, 1, "/photos/gone.jpg")]
+        for item, cid, path in rows:
+            connection.execute(
+                text(
+                    "INSERT INTO items (id, collection_id, path, sha256, tags, extra, created_at, updated_at, version) "
+                    "VALUES (:id, :cid, :path, :sha, '[]', '{}', '2026-02-03 04:05:06', '2026-02-03 04:05:06', 1)"
+                ),
+                {"id": item, "cid": cid, "path": path, "sha": f"{item:064d}"},
+            )
+            connection.execute(
+                text("INSERT INTO vectors (item_id, model, vector) VALUES (:id, 'm', :v)"),
+                {"id": item, "v": b"\0" * 16},
+            )
+        if engine.dialect.name == "postgresql":  # explicit ids leave the sequence behind; a real catalog's is not
+            connection.execute(text("SELECT setval(pg_get_serial_sequence('items', 'id'), 4)"))
+        connection.execute(text("DELETE FROM items WHERE id = 4"))  # the highest id, deleted
+    assert upgrade(engine) == head_revision() == "0003"
+    with engine.begin() as connection:
+        got = connection.execute(text("SELECT id, taken_at, taken_source FROM items ORDER BY id")).all()
+        assert [(i, str(t) if t else None, s) for i, t, s in got] == [
+            (1, None, None),
+            (2, "2026-02-03 04:05:06", "upload"),
+            (3, None, None),
+        ]
+        assert connection.execute(text("SELECT count(*) FROM vectors")).scalar() == 3  # nothing cascaded away
+        connection.execute(
+            text(
+                "INSERT INTO items (collection_id, sha256, tags, extra, created_at, updated_at, version) "
+                "VALUES (1, :sha, '[]', '{}', '2026-03-01', '2026-03-01', 2)"
+            ),
+            {"sha": "f" * 64},
+        )
+        new_id = connection.execute(text("SELECT max(id) FROM items")).scalar()
+    assert new_id == 5  # 4 was deleted: AUTOINCREMENT (SQLite) / the sequence (PostgreSQL) never reuses it
+    assert downgrade(engine, "0002") == "0002"
+    assert "taken_at" not in {c["name"] for c in inspect(engine).get_columns("items")}
+    engine.dispose()

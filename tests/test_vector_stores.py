@@ -11,8 +11,9 @@ import shutil
 import subprocess
 import sys
 import time
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -99,12 +100,17 @@ def test_filters_run_in_the_engine_and_fill_k(tmp_path, database_url, engine, fa
     catalog = open_store(tmp_path, database_url, engine, index_train_min=20)
     catalog.ensure_collection("p", "images", "fake", DIM, factory)
     vectors = random_unit(80, DIM, seed=3)
-    first = [NewImage(jpeg(i), tags=["even"] if i % 2 == 0 else [], mime=None) for i in range(40)]
-    first[5] = NewImage(jpeg(5), tags=["rare", 'x" or tags != "{x}'])  # a hostile tag matches itself only
-    first[6] = NewImage(jpeg(6), tags=["rare", "even"])
+    day0 = datetime(2020, 1, 1, tzinfo=UTC)
+
+    def taken(i: int) -> dict[str, Any]:  # every third photo has no known date
+        return {} if i % 3 == 0 else {"taken_at": day0 + timedelta(days=i), "taken_source": "exif"}
+
+    first = [NewImage(jpeg(i), tags=["even"] if i % 2 == 0 else [], mime=None, **taken(i)) for i in range(40)]
+    first[5] = NewImage(jpeg(5), tags=["rare", 'x" or tags != "{x}'], **taken(5))  # a hostile tag matches itself only
+    first[6] = NewImage(jpeg(6), tags=["rare", "even"], **taken(6))
     ids = [r.id for r in catalog.add_images("p", first, vectors[:40])]
     time.sleep(0.01)  # created_at of the second batch is strictly later
-    second = [NewImage(png(i), tags=["even"] if i % 2 == 0 else []) for i in range(40, 80)]
+    second = [NewImage(png(i), tags=["even"] if i % 2 == 0 else [], **taken(i)) for i in range(40, 80)]
     ids += [r.id for r in catalog.add_images("p", second, vectors[40:])]
     settle(catalog, "p")
     records = {r.id: r for r in catalog.get_many(ids)}
@@ -125,6 +131,10 @@ def test_filters_run_in_the_engine_and_fill_k(tmp_path, database_url, engine, fa
                 continue
             if filters.date_to and created > filters.date_to:
                 continue
+            if filters.taken_from and (record.taken_at is None or record.taken_at < filters.taken_from):
+                continue
+            if filters.taken_to and (record.taken_at is None or record.taken_at > filters.taken_to):
+                continue
             keep.append(item_id)
         return keep
 
@@ -139,6 +149,9 @@ def test_filters_run_in_the_engine_and_fill_k(tmp_path, database_url, engine, fa
         SearchFilters(date_from=split),
         SearchFilters(date_to=split - timedelta(microseconds=1)),
         SearchFilters(date_from=split, date_to=split),
+        SearchFilters(taken_from=day0 + timedelta(days=50)),
+        SearchFilters(taken_to=day0 + timedelta(days=10)),  # photos with no date never pass
+        SearchFilters(taken_from=day0 + timedelta(days=7), taken_to=day0 + timedelta(days=7), tags=["rare"]),
     ]
     for filters in cases:
         allowed = passing(filters)
@@ -149,6 +162,13 @@ def test_filters_run_in_the_engine_and_fill_k(tmp_path, database_url, engine, fa
         assert [h.id for h in hits] == expected, filters
         assert [h.score for h in hits] == pytest.approx(list(scores), abs=1e-5)
     assert len(passing(SearchFilters(tags=["rare"]))) == 2 and len(passing(SearchFilters(date_from=split))) == 40
+    assert len(passing(SearchFilters(taken_to=day0 + timedelta(days=10)))) == 7  # 1,2,4,5,7,8,10
+    # A backfill dates a photo that had none: the engine's own copy of taken_at follows (Milvus filters it).
+    undated = ids[3]
+    catalog.set_taken("p", [(undated, day0 + timedelta(days=-5), "mtime")])
+    early = SearchFilters(taken_to=day0 - timedelta(days=1))
+    assert [h.id for h in catalog.search("p", query, k=10, filters=early)] == [undated]
+    assert catalog.get(undated).taken_at == day0 + timedelta(days=-5) and catalog.get(undated).taken_source == "mtime"
     catalog.close()
 
 

@@ -3,14 +3,16 @@
 // the pages are served under a script-src 'self' Content-Security-Policy.
 "use strict";
 
-const state = { imageFile: null, classifyFile: null, itemId: null };
+const state = { imageFile: null, classifyFile: null, itemId: null, suggested: {} };
 const views = {};
 
 // ---------------------------------------------------------------- collections
 async function loadCollections() {
   const collections = await views.text.run("正在加载集合…", () => api("/v1/collections"));
   if (!collections) return;
+  for (const c of collections) state.suggested[c.name] = c.suggested_min_score || {};
   fillSelect($("#collection"), collections.filter((c) => c.kind === "images"), "还没有图片集合");
+  suggestCutoff();
   fillSelect($("#text-collection"), collections.filter((c) => c.kind === "texts"), "还没有文字集合");
 }
 
@@ -29,6 +31,26 @@ function fillSelect(select, collections, emptyText) {
 
 const chosen = (select) => select.value || undefined;
 
+// The cutoff the server suggests for the chosen collection's model (text → image scores).
+// A model without a suggestion starts with every result shown (its scores are not known here).
+function suggestCutoff() {
+  const suggested = state.suggested[$("#collection").value]?.text;
+  $("#min-score").value = suggested != null ? String(suggested) : "";
+  $("#cutoff").checked = suggested != null;
+  $("#min-score").disabled = suggested == null;
+}
+
+// sort and min_score for a search; image → image uses the model's image cutoff (its scores run higher).
+function pageOptions(kind, collection) {
+  const options = { sort: $("#sort").value };
+  if ($("#cutoff").checked) {
+    const typed = Number($("#min-score").value);
+    const value = kind === "text" ? typed : state.suggested[collection]?.image;
+    if ($("#min-score").value !== "" && Number.isFinite(value) && value >= -1 && value <= 1) options.min_score = value;
+  }
+  return options;
+}
+
 // ---------------------------------------------------------------- text → image
 async function searchText(event) {
   event.preventDefault();
@@ -40,9 +62,13 @@ async function searchText(event) {
     $("#query").focus();
     return;
   }
-  const request = { query, k: Number($("#k").value), collection: chosen($("#collection")) };
-  const response = await view.run("正在搜索…", () => postJson("/v1/search/text", request));
-  if (response) view.renderResults(response, `“${query}”`);
+  const collection = chosen($("#collection"));
+  const request = { query, k: Number($("#k").value), collection, ...pageOptions("text", collection) };
+  const page = async (offset) => {
+    const response = await view.run("正在搜索…", () => postJson("/v1/search/text", { ...request, offset }));
+    if (response) view.renderResults(response, `“${query}”`, page, offset > 0);
+  };
+  await page(0);
 }
 
 // ---------------------------------------------------------------- image input: drop, paste, pick
@@ -100,9 +126,17 @@ async function searchImage() {
   form.append("target", target);
   const collection = chosen(target === "texts" ? $("#text-collection") : $("#collection"));
   if (collection) form.append("collection", collection);
-  const response = await view.run("正在以图搜索…", () => api("/v1/search/image", { method: "POST", body: form }));
-  if (response) view.renderResults(response, target === "texts" ? "匹配的文字" : "相似图片");
-  else view.clearResults();
+  // Image → text scores are text-image cosines: the text cutoff; image → image: the image one.
+  const options = target === "texts" ? { sort: "relevance" } : pageOptions("image", $("#collection").value);
+  for (const [name, value] of Object.entries(options)) form.append(name, String(value));
+  const title = target === "texts" ? "匹配的文字" : "相似图片";
+  const page = async (offset) => {
+    form.set("offset", String(offset));
+    const response = await view.run("正在以图搜索…", () => api("/v1/search/image", { method: "POST", body: form }));
+    if (response) view.renderResults(response, title, page, offset > 0);
+    else if (!offset) view.clearResults();
+  };
+  await page(0);
 }
 
 // ---------------------------------------------------------------- zero-shot classification
@@ -186,10 +220,17 @@ async function openItem(id) {
   $("#item-file").textContent = item.filename ? `文件：${item.path || item.filename}` : "";
   $("#item-file").hidden = !item.filename;
   $("#item-tags").textContent = item.tags.length ? item.tags.map((t) => `#${t}`).join(" ") : "";
-  $("#item-meta").textContent = `${item.width}×${item.height} · ${item.mime || ""} · 集合 ${item.collection}`;
+  const taken = takenText(item);
+  $("#item-meta").textContent =
+    `${item.width}×${item.height} · ${item.mime || ""} · 集合 ${item.collection}${taken ? ` · ${taken}` : ""}`;
   window.scrollTo(0, 0);
-  const similar = await view.run("正在查找相似图片…", () => api(`/v1/items/${id}/similar?k=${$("#k").value}`));
-  if (similar && state.itemId === id) view.renderResults(similar, "相似图片");
+  const params = new URLSearchParams({ k: $("#k").value, ...pageOptions("image", item.collection) });
+  const page = async (offset) => {
+    params.set("offset", String(offset));
+    const similar = await view.run("正在查找相似图片…", () => api(`/v1/items/${id}/similar?${params}`));
+    if (similar && state.itemId === id) view.renderResults(similar, "相似图片", page, offset > 0);
+  };
+  await page(0);
 }
 
 // The item page replaces the tabs while it is open; the tabs keep their results underneath.
@@ -223,6 +264,11 @@ function init() {
     button.addEventListener("click", () => selectTab(button.dataset.tab));
   }
   $("#text-form").addEventListener("submit", searchText);
+  $("#collection").addEventListener("change", suggestCutoff);
+  $("#cutoff").addEventListener("change", () => {
+    $("#min-score").disabled = !$("#cutoff").checked;
+    if ($("#cutoff").checked && $("#min-score").value === "") $("#min-score").value = "0.2";
+  });
 
   // Image search runs as soon as an image is chosen (as image search engines do); classification
   // waits for the button, since the labels usually need editing first.

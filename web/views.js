@@ -114,23 +114,56 @@ class View {
   clearResults() {
     if (this.results) this.results.replaceChildren();
     if (this.title) this.title.hidden = true;
+    if (this.more) this.more.remove();
+    this.more = null;
   }
 
-  renderResults(response, title) {
-    this.clearResults();
+  // One page of results. `loadMore(offset)` fetches the next page (a "load more" button while the
+  // response says there is one); `append` adds a page under the ones shown.
+  renderResults(response, title, loadMore = null, append = false) {
+    if (!append) this.clearResults();
+    if (this.more) this.more.remove();
+    this.more = null;
     this.title.hidden = false;
-    if (!response.results.length) {
-      this.title.textContent = "";
+    const hidden = response.min_score != null && response.below_cutoff
+      ? `；已隐藏 ${response.below_cutoff} 条相关度低于 ${response.min_score} 的结果` : "";
+    if (!response.results.length && !append) {
+      this.title.textContent = hidden ? `${title}：没有足够相关的结果${hidden}` : "";
       const empty = document.createElement("li");
       empty.className = "empty";
-      empty.textContent = "没有找到结果。换个说法试试，或选择其他集合。";
+      empty.textContent = hidden
+        ? "没有相关度达到阈值的结果。可以降低阈值，或取消“只看相关”。"
+        : "没有找到结果。换个说法试试，或选择其他集合。";
       this.results.append(empty);
       return;
     }
-    const count = `${response.results.length} 条结果（集合 ${response.collection}）`;
-    this.title.textContent = `${title}：${count} — ${formatTimings(response.timings)}`;
     for (const result of response.results) this.results.append(resultCard(result));
+    const shown = this.results.querySelectorAll(".card").length;
+    const total = `${response.total}${response.total_exact ? "" : "+"}`;
+    const count = `共 ${total} 条，显示 ${shown} 条（集合 ${response.collection}${hidden}）`;
+    this.title.textContent = `${title}：${count} — ${formatTimings(response.timings)}`;
+    if (response.has_more && loadMore) {
+      const button = document.createElement("button");
+      button.type = "button";
+      button.className = "more";
+      button.textContent = "加载更多";
+      button.addEventListener("click", () => {
+        button.disabled = true;
+        loadMore(response.next_offset);
+      });
+      this.results.after(button);
+      this.more = button;
+    }
   }
+}
+
+const TAKEN_LABEL = { exif: "拍摄于", mtime: "文件日期", upload: "上传于" };
+
+// "拍摄于 2019-05-04" in the browser's time zone; the source says how the date is known.
+function takenText(result) {
+  if (!result.taken_at) return "";
+  const day = new Date(result.taken_at).toLocaleDateString("zh-CN", { year: "numeric", month: "2-digit", day: "2-digit" });
+  return `${TAKEN_LABEL[result.taken_at_source] || "日期"} ${day}`;
 }
 
 function formatTimings(timings) {
@@ -179,6 +212,8 @@ function resultCard(result) {
     link.append(textLine("caption", result.caption || "（无描述）"));
   }
   link.append(textLine("score", `相似度 ${result.score.toFixed(3)}`));
+  const taken = takenText(result);
+  if (taken) link.append(textLine("taken", taken));
   li.append(link);
   return li;
 }

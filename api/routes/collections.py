@@ -30,6 +30,7 @@ from api.uploads import inspect_image, parse_string_list, read_upload
 from indexer.names import COLLECTION_NAME_PATTERN
 from indexer.service import CollectionService
 from indexer.types import CollectionInfo, NewImage, NewText
+from retrieval.relevance import suggested_min_scores
 
 router = APIRouter(prefix="/v1/collections", tags=["collections"])
 
@@ -48,6 +49,7 @@ def _collection_out(info: CollectionInfo, default: bool) -> CollectionOut:
         index=info.index,
         default=default,
         created_at=info.created_at,
+        suggested_min_score=dict(suggested_min_scores(info.model)),
     )
 
 

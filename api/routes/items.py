@@ -6,16 +6,18 @@ Media are served only by item id: the file path comes from the catalog, never fr
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse
 
 from api.deps import CatalogDep, CollectionsDep, MetricsDep, ReadAccess, WriteAccess, run_blocking
-from api.schemas import MAX_K, Deleted, ItemId, ItemOut, SearchResponse
-from api.searching import StageTimer, item_out, result_out
+from api.schemas import MAX_K, MAX_OFFSET, MIN_SCORE_DOC, OFFSET_DOC, SORT_DOC, Deleted, ItemId, ItemOut, SearchResponse
+from api.searching import StageTimer, item_out, page_out, to_search_filters
 from api.thumbnails import ensure_thumbnail, thumbnail_path
 from indexer.media_check import verified_media_path
+from indexer.paging import PageRequest, SortOrder
 
 router = APIRouter(prefix="/v1/items", tags=["items"])
 
@@ -52,13 +54,20 @@ async def similar_items(
     collections: CollectionsDep,
     metrics: MetricsDep,
     k: Annotated[int, Query(ge=1, le=MAX_K)] = 12,
+    offset: Annotated[int, Query(ge=0, le=MAX_OFFSET, description=OFFSET_DOC)] = 0,
+    min_score: Annotated[float | None, Query(ge=-1.0, le=1.0, description=MIN_SCORE_DOC)] = None,
+    sort: Annotated[SortOrder, Query(description=SORT_DOC)] = "relevance",
+    taken_from: Annotated[datetime | None, Query(description="Taken at or after (ISO 8601).")] = None,
+    taken_to: Annotated[datetime | None, Query(description="Taken at or before (ISO 8601).")] = None,
 ) -> SearchResponse:
     """Items of the same collection nearest to this one (itself left out), by its stored vector."""
     timer = StageTimer()
-    info, found = await run_blocking(collections.similar, item_id, k, mark=timer.mark)
+    page = PageRequest(k, offset, min_score, sort)
+    filters = to_search_filters(None, taken_from, taken_to)
+    found = await run_blocking(collections.similar, item_id, page, filters, mark=timer.mark)
     timings = timer.finish()
     metrics.observe_stages("similar", timings)
-    return SearchResponse(results=[result_out(f) for f in found], collection=info.name, timings=timings)
+    return page_out(found, timings)
 
 
 @router.delete("/{item_id}", response_model=Deleted, dependencies=[WriteAccess])

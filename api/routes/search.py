@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, File, Form, UploadFile
 
 from api.deps import CollectionsDep, EncoderDep, MetricsDep, ReadAccess, SettingsDep, run_blocking
-from api.schemas import MAX_K, SearchResponse, TextSearchRequest
-from api.searching import StageTimer, result_out, to_search_filters
+from api.schemas import MAX_K, MAX_OFFSET, MIN_SCORE_DOC, OFFSET_DOC, SORT_DOC, SearchResponse, TextSearchRequest
+from api.searching import StageTimer, page_out, to_search_filters
 from api.uploads import inspect_image, read_upload
 from indexer.names import COLLECTION_NAME_PATTERN
+from indexer.paging import PageRequest, SortOrder
 
 router = APIRouter(prefix="/v1/search", tags=["search"], dependencies=[ReadAccess])
 
@@ -25,12 +27,11 @@ async def search_text(
     vector = (await encoder.embed_texts([body.query]))[0]
     timer.mark("encode")
     filters = to_search_filters(body.filters)
-    info, found = await run_blocking(
-        collections.search, body.collection, "images", vector, body.k, filters, mark=timer.mark
-    )
+    page = PageRequest(body.k, body.offset, body.min_score, body.sort)
+    found = await run_blocking(collections.search, body.collection, "images", vector, page, filters, mark=timer.mark)
     timings = timer.finish()
     metrics.observe_stages("search_text", timings)
-    return SearchResponse(results=[result_out(f) for f in found], collection=info.name, timings=timings)
+    return page_out(found, timings)
 
 
 @router.post("/image", response_model=SearchResponse)
@@ -45,16 +46,24 @@ async def search_image(
     target: Annotated[
         Literal["images", "texts"], Form(description="images: similar images; texts: captions.")
     ] = "images",
+    offset: Annotated[int, Form(ge=0, le=MAX_OFFSET, description=OFFSET_DOC)] = 0,
+    min_score: Annotated[float | None, Form(ge=-1.0, le=1.0, description=MIN_SCORE_DOC)] = None,
+    sort: Annotated[SortOrder, Form(description=SORT_DOC)] = "relevance",
+    taken_from: Annotated[datetime | None, Form(description="Taken at or after (ISO 8601).")] = None,
+    taken_to: Annotated[datetime | None, Form(description="Taken at or before (ISO 8601).")] = None,
 ) -> SearchResponse:
     """Similar images (target=images) or best-matching texts (target=texts) for an uploaded image."""
     timer = StageTimer()
+    page = PageRequest(k, offset, min_score, sort)
+    page.check()  # before the upload is read
     data = await read_upload(file, settings.max_image_bytes)
     await run_blocking(inspect_image, data, settings)
     timer.mark("read")
     await run_blocking(collections.resolve, collection or None, target)
     vector = (await encoder.embed_images([data]))[0]
     timer.mark("encode")
-    info, found = await run_blocking(collections.search, collection or None, target, vector, k, mark=timer.mark)
+    filters = to_search_filters(None, taken_from, taken_to)
+    found = await run_blocking(collections.search, collection or None, target, vector, page, filters, mark=timer.mark)
     timings = timer.finish()
     metrics.observe_stages(f"search_image_{target}", timings)
-    return SearchResponse(results=[result_out(f) for f in found], collection=info.name, timings=timings)
+    return page_out(found, timings)

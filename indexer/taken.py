@@ -1,0 +1,132 @@
+"""When a photo was taken: read from its EXIF, kept in SQL (`items.taken_at`, `items.taken_source`).
+
+Rules:
+- EXIF DateTimeOriginal (tag 0x9003 of the Exif IFD) when it is a real date. With OffsetTimeOriginal
+  (0x9011) it is an exact instant; without one (most cameras) it is the camera's wall clock, read in
+  the time zone of the process that indexes (TZ), as photo managers do. Source `exif`.
+- otherwise the file's modification time (source `mtime`), for files indexed from a folder;
+- otherwise the time an upload was added (source `upload`).
+Stored as naive UTC, like every timestamp in SQL; handed out aware (UTC).
+
+Catalogs made before revision 0003 have NULL for files: `cnclip index` fills them in (`set_taken`)
+without embedding anything again.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import warnings
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta, timezone
+
+from PIL import Image
+from sqlalchemy import Engine, select, update
+from sqlalchemy.orm import Session
+
+from indexer.models import CollectionRow, ItemRow
+from indexer.rows import _bump_version, chunks, naive_utc
+from indexer.types import TakenSource
+
+log = logging.getLogger(__name__)
+
+EXIF_IFD = 0x8769
+DATETIME_ORIGINAL = 0x9003
+OFFSET_TIME_ORIGINAL = 0x9011
+# Older than photography, or later than tomorrow: a camera whose clock was never set, not a date.
+EARLIEST = datetime(1826, 1, 1, tzinfo=UTC)
+
+Taken = tuple[datetime, TakenSource]  # (aware UTC, source)
+
+
+def exif_taken(data: bytes) -> datetime | None:
+    """DateTimeOriginal of an image's EXIF as an aware UTC datetime; None when absent or not a date."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Pillow warns about odd EXIF; a bad date is just no date
+            with Image.open(io.BytesIO(data)) as image:
+                if image.format == "PNG":
+                    image.load()  # a PNG's eXIf chunk is read with the pixels; PNGs are rarely camera photos
+                exif = image.getexif().get_ifd(EXIF_IFD)
+    except Exception:  # noqa: BLE001 - any unreadable EXIF means "no date", never a failed file
+        return None
+    return parse_exif_datetime(exif.get(DATETIME_ORIGINAL), exif.get(OFFSET_TIME_ORIGINAL))
+
+
+def parse_exif_datetime(value: object, offset: object = None) -> datetime | None:
+    """`YYYY:MM:DD HH:MM:SS` (+ an optional `±HH:MM` offset) as aware UTC; None for anything else."""
+    if isinstance(value, bytes):
+        value = value.decode("ascii", "replace")
+    if not isinstance(value, str):
+        return None
+    try:
+        moment = datetime.strptime(value.strip("\x00 ")[:19], "%Y:%m:%d %H:%M:%S")
+    except ValueError:
+        return None
+    zone = _offset(offset)
+    aware = moment.replace(tzinfo=zone) if zone is not None else moment.astimezone()  # naive: local time
+    aware = aware.astimezone(UTC)
+    if not EARLIEST <= aware <= datetime.now(UTC) + timedelta(days=1):
+        return None
+    return aware
+
+
+def _offset(value: object) -> timezone | None:
+    if isinstance(value, bytes):
+        value = value.decode("ascii", "replace")
+    if not isinstance(value, str):
+        return None
+    text = value.strip("\x00 ")
+    if len(text) != 6 or text[0] not in "+-" or text[3] != ":" or not (text[1:3] + text[4:]).isdigit():
+        return None
+    minutes = int(text[1:3]) * 60 + int(text[4:])
+    if minutes > 14 * 60:
+        return None
+    return timezone(timedelta(minutes=-minutes if text[0] == "-" else minutes))
+
+
+def taken_of(data: bytes, mtime: float | None) -> Taken:
+    """When a photo was taken and how we know: its EXIF date, else its file's mtime, else now (an upload)."""
+    exif = exif_taken(data)
+    if exif is not None:
+        return exif, "exif"
+    if mtime is not None:
+        return datetime.fromtimestamp(mtime, UTC), "mtime"
+    return datetime.now(UTC), "upload"
+
+
+def set_taken(engine: Engine, collection_id: int, updates: Sequence[tuple[int, datetime, TakenSource]]) -> int:
+    """Record (item id, taken_at, source) for items of a collection (the backfill); returns the
+    collection version written. The rows are stamped with it, so that other processes re-read their
+    attributes (a Milvus store filters on taken_at itself)."""
+    with Session(engine) as session:
+        version = _bump_version(session, collection_id)
+        for item_id, moment, source in updates:
+            session.execute(
+                update(ItemRow)
+                .where(ItemRow.id == item_id, ItemRow.collection_id == collection_id)
+                .values(taken_at=naive_utc(moment), taken_source=source, version=version)
+            )
+        session.commit()
+    return version
+
+
+def sort_keys(engine: Engine, ids: Sequence[int]) -> dict[int, tuple[datetime | None, datetime | None]]:
+    """id -> (taken_at, created_at), naive UTC, for ordering search results by date."""
+    found: dict[int, tuple[datetime | None, datetime | None]] = {}
+    with Session(engine) as session:
+        for part in chunks(list(ids)):
+            query = select(ItemRow.id, ItemRow.taken_at, ItemRow.created_at).where(ItemRow.id.in_(part))
+            found.update({i: (taken, created) for i, taken, created in session.execute(query)})
+    return found
+
+
+def missing_count(engine: Engine, collection_name_key: str) -> int:
+    """How many folder files of a collection have no taken_at yet (tests, stats)."""
+    query = (
+        select(ItemRow.id)
+        .join(CollectionRow)
+        .where(CollectionRow.name_key == collection_name_key, ItemRow.path.is_not(None), ItemRow.taken_at.is_(None))
+    )
+    with Session(engine) as session:
+        return len(session.scalars(query).all())

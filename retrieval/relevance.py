@@ -1,0 +1,34 @@
+"""Where relevance starts, per model: a suggested `min_score` for text → image and image → image.
+
+Cosine scores are not comparable across models (a contrastive model's matching text-image pairs
+sit far lower than matching image pairs), so a cutoff must be chosen per model and query kind.
+These are starting points the web UI offers (and a user may change), measured as follows:
+- cnclip-demo: on the demo gallery (`cnclip demo`, 300 pictures), 30 "<colour>的<shape>" queries,
+  a result counted right when its caption has both. text 0.25: precision 0.53, recall 0.58 (0.30:
+  0.87 / 0.55; 0.20: 0.27 / 0.68), ~8 results a query. image 0.6 (same shape and colour as the query
+  picture): precision 0.42, recall 0.30; this toy model's image vectors weigh count and background
+  as much as shape.
+- Chinese-CLIP (`cnclip convert`'s default names, cnclip-<arch>): not measured here (no weights
+  offline). Matching text-image pairs of contrastive CLIP models sit around 0.3–0.5 and unrelated
+  ones 0.1–0.25, so 0.3 / 0.7 are guesses, to be re-measured with `demo/evaluate.py`-style queries
+  on real photos.
+An unknown model gets no suggestion: the UI then shows every result until the user sets a cutoff.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+QueryKind = Literal["text", "image"]
+
+_CHINESE_CLIP: dict[QueryKind, float] = {"text": 0.3, "image": 0.7}
+SUGGESTED: dict[str, dict[QueryKind, float]] = {
+    "cnclip-demo": {"text": 0.25, "image": 0.6},
+    **{f"cnclip-{arch}": _CHINESE_CLIP for arch in ("vit-b-16", "vit-l-14", "vit-l-14-336", "vit-h-14", "rn50")},
+}
+
+
+def suggested_min_scores(model_id: str) -> dict[QueryKind, float]:
+    """The suggested cutoffs for a model id ("name@fingerprint" or a bare name); {} when unknown."""
+    name = model_id.split("@", 1)[0].lower()
+    return dict(SUGGESTED.get(name, {}))
