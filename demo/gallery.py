@@ -119,10 +119,10 @@ class DemoIndexResult:
 async def index_demo(settings: Settings, files: DemoFiles, progress: bool = True) -> DemoIndexResult:
     """Index the gallery with the bulk indexer (progress bar on stderr) and the texts into their collection."""
     from indexer.engines import open_catalog
-    from indexer.pipeline import ImageIndexer, index_texts
+    from indexer.pipeline import ImageIndexer
     from indexer.progress import IndexProgress
     from indexer.service import collection_service
-    from indexer.texts import read_texts
+    from indexer.texts import index_texts, read_texts
     from retrieval.encoder import create_encoder
 
     catalog = await asyncio.to_thread(open_catalog, settings)

@@ -26,7 +26,8 @@ from sqlalchemy import Engine
 from indexer.media import media_root
 from indexer.media_check import verified_media_path
 from indexer.names import check_collection_name, collection_key
-from indexer.rows import ItemRows, naive_utc, text_sha
+from indexer.rows import ItemRows
+from indexer.sql_values import naive_utc, text_sha
 from indexer.sync import Progress, StoreSync
 from indexer.taken import set_taken
 from indexer.types import (

@@ -314,8 +314,8 @@ async def _index(
 
 async def _index_texts(settings: StorageSettings, collection: str, texts: list[Any]) -> tuple[int, int]:
     from indexer.engines import open_catalog
-    from indexer.pipeline import index_texts
     from indexer.service import collection_service
+    from indexer.texts import index_texts
     from retrieval.encoder import create_encoder
 
     catalog = await asyncio.to_thread(open_catalog, settings, open_stores=False)

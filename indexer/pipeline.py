@@ -28,7 +28,7 @@ import numpy as np
 from indexer.service import CollectionService
 from indexer.sources import SourceEntry, load_entries, looks_like_image
 from indexer.taken import Taken, taken_of
-from indexer.types import FileState, NewImage, NewText, TakenSource
+from indexer.types import FileState, NewImage, TakenSource
 from retrieval.errors import InvalidImage, NotFound
 from retrieval.preprocess import probe_image
 from retrieval.types import Encoder
@@ -402,30 +402,3 @@ def _read_taken(entry: SourceEntry) -> Taken | None:
         return taken_of(entry.path.read_bytes(), entry.path.stat().st_mtime)
     except OSError:
         return None
-
-
-async def index_texts(
-    service: CollectionService,
-    encoder: Encoder,
-    collection: str,
-    texts: list[NewText],
-    *,
-    batch_size: int = 64,
-    index_factory: str | None = None,
-    on_progress: Callable[[int, int], None] | None = None,
-) -> tuple[int, int]:
-    """Embed and add texts (a text collection for image → text); returns (added, already there)."""
-    service.ensure(collection, "texts", index_factory)
-    catalog = service.catalog
-    known = set(catalog.content_index(collection))
-    fresh = [t for t in texts if hashlib.sha256(t.text.encode("utf-8")).hexdigest() not in known]
-    added = 0
-    for start in range(0, len(fresh), batch_size):
-        batch = fresh[start : start + batch_size]
-        vectors = await encoder.embed_texts([t.text for t in batch])
-        results = await asyncio.to_thread(service.add_texts, collection, batch, vectors)
-        added += sum(r.created for r in results)
-        if on_progress:
-            on_progress(len(batch), added)
-    await asyncio.to_thread(catalog.flush, [collection])
-    return added, len(texts) - added

@@ -9,10 +9,9 @@ writer anyway. Ids are never reused, so a stale id can never be taken for a new 
 
 from __future__ import annotations
 
-import hashlib
 import uuid
-from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime
+from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -23,30 +22,15 @@ from sqlalchemy.orm import Session
 from indexer.media import media_file, store_media
 from indexer.models import CollectionRow, DeletedItemRow, ItemRow, ItemTagRow, VectorRow, utcnow
 from indexer.names import collection_key
+from indexer.sql_values import aware, chunks, naive_utc
 from indexer.types import AddResult, CollectionKind, CollectionState, FileState, ItemRecord, SearchFilters
 from indexer.vector_store import ItemAttrs
 from retrieval.errors import Conflict, NotFound
-
-IN_CHUNK = 5000  # ids per SQL IN (...) list; SQLite allows 32766 variables
 
 # Every column a bulk insert names (a multi-row INSERT needs the same keys in every row).
 _EMPTY_ITEM: dict[str, Any] = dict.fromkeys(
     ("path", "root", "size", "mime", "width", "height", "caption", "mtime", "taken_at", "taken_source")
 )
-
-
-def naive_utc(moment: datetime) -> datetime:
-    return moment.astimezone(UTC).replace(tzinfo=None) if moment.tzinfo else moment
-
-
-def aware(moment: datetime | None) -> datetime | None:
-    return moment.replace(tzinfo=UTC) if moment is not None and moment.tzinfo is None else moment
-
-
-def chunks(values: Sequence[Any] | np.ndarray, size: int = IN_CHUNK) -> Iterable[list[Any]]:
-    """Slices for IN (...) lists; numpy ints become Python ints for the drivers."""
-    for start in range(0, len(values), size):
-        yield [v.item() if isinstance(v, np.generic) else v for v in values[start : start + size]]
 
 
 def _state(row: CollectionRow) -> CollectionState:
@@ -63,7 +47,7 @@ def _state(row: CollectionRow) -> CollectionState:
     )
 
 
-def _bump_version(session: Session, collection_id: int) -> int:
+def bump_version(session: Session, collection_id: int) -> int:
     """The collection's next version; on PostgreSQL this row stays locked until commit."""
     session.execute(
         update(CollectionRow).where(CollectionRow.id == collection_id).values(version=CollectionRow.version + 1)
@@ -165,7 +149,7 @@ class ItemRows:
         collection has already are not added again. `replace[i]` names a row row i supersedes (a changed
         file), deleted in the same transaction. Returns the results and the version written."""
         with Session(self.engine, expire_on_commit=False) as session:
-            version = _bump_version(session, collection.id)
+            version = bump_version(session, collection.id)
             known: dict[str, int] = {}
             for part in chunks(sorted({row["sha256"] for row in rows})):
                 query = select(ItemRow.sha256, ItemRow.id).where(
@@ -243,7 +227,7 @@ class ItemRows:
             orphans: list[tuple[str, str | None]] = []
             for collection_id in sorted({cid for _, cid in found}):
                 ids = sorted(i for i, cid in found if cid == collection_id)
-                version = _bump_version(session, collection_id)
+                version = bump_version(session, collection_id)
                 orphans += self._delete_rows(session, collection_id, ids, version, reason, remembered)
                 removed[collection_id] = len(ids)
             orphans = [(sha, mime) for sha, mime in orphans if not self._upload_in_use(session, sha)]
@@ -422,7 +406,3 @@ class ItemRows:
             query = query.where(exists().where(ItemTagRow.item_id == ItemRow.id, ItemTagRow.tag == tag))
         with Session(self.engine) as session:
             return np.fromiter(session.scalars(query), dtype=np.int64)
-
-
-def text_sha(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()

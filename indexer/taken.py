@@ -25,7 +25,8 @@ from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session
 
 from indexer.models import CollectionRow, ItemRow
-from indexer.rows import _bump_version, chunks, naive_utc
+from indexer.rows import bump_version
+from indexer.sql_values import chunks, naive_utc
 from indexer.types import TakenSource
 
 log = logging.getLogger(__name__)
@@ -100,7 +101,7 @@ def set_taken(engine: Engine, collection_id: int, updates: Sequence[tuple[int, d
     collection version written. The rows are stamped with it, so that other processes re-read their
     attributes (a Milvus store filters on taken_at itself)."""
     with Session(engine) as session:
-        version = _bump_version(session, collection_id)
+        version = bump_version(session, collection_id)
         for item_id, moment, source in updates:
             session.execute(
                 update(ItemRow)
