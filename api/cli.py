@@ -13,6 +13,7 @@ COMMAND_MODULES = (
     "retrieval.convert.cli",  # convert, models pull
     "indexer.cli",  # db upgrade, index, index-texts, stats, search
     "api.serve_cli",  # serve
+    "api.worker_cli",  # worker
     "api.triton_cli",  # export-triton
     "demo.cli",  # demo
 )
