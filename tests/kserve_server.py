@@ -69,7 +69,7 @@ class ServerThread:
         self.url = f"127.0.0.1:{self.port}"
         config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1)
         self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=asyncio.run, args=(self._serve(),), daemon=True)
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._serve()), daemon=True)
         self.loop: asyncio.AbstractEventLoop | None = None
 
     async def _serve(self) -> None:
