@@ -29,7 +29,7 @@ def register(app: typer.Typer) -> None:
         settings = Settings()
         if host is not None:
             settings = settings.model_copy(update={"host": host})
-        exit_on_bad_model(settings)
+        exit_on_bad_model(settings.model_copy(update={"encoder": "local"}))  # the worker always runs the model
         configure_logging(log_level)
         typer.echo(f"cnclip worker: model {settings.model_dir}, /v2 on http://{settings.host}:{port}")
         uvicorn.run(

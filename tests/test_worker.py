@@ -221,3 +221,15 @@ def test_serve_logs_the_provider_line(toy_model_dir: Path, tmp_path: Path) -> No
         assert "provider cpu (CNCLIP_PROVIDER=cpu); precision text=fp32 image=fp32; buckets [1, 4, 8]" in line
     finally:
         serve.stop()
+
+
+def test_worker_without_a_model_fails_in_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from api.cli import build_cli
+
+    monkeypatch.setenv("CNCLIP_MODEL_DIR", str(tmp_path / "nothing-here"))
+    monkeypatch.setenv("CNCLIP_ENCODER", "triton://elsewhere:8001")  # ignored: the worker runs the model itself
+    result = CliRunner().invoke(build_cli(), ["worker", "--port", str(free_port())])
+    assert result.exit_code == 2
+    assert "no manifest.json" in result.output and "Traceback" not in result.output
