@@ -16,7 +16,7 @@ EXIT_STATUS = (
 def build_cli() -> typer.Typer:
     """The commands of the model runtime, the catalog and the server. The `cnclip` program is this
     plus `cnclip demo` (demo/cli.py, the outermost layer: it may import api, api may not import it)."""
-    from api import serve_cli, triton_cli
+    from api import serve_cli, triton_cli, worker_cli
     from indexer import cli as indexer_cli
     from retrieval import cli as retrieval_cli
     from retrieval.convert import cli as convert_cli
@@ -51,7 +51,7 @@ def build_cli() -> typer.Typer:
         typer.echo(installed_version())
 
     # In the order their commands appear in --help; each module imports its heavy parts inside commands.
-    for module in (retrieval_cli, convert_cli, indexer_cli, serve_cli, triton_cli):
+    for module in (retrieval_cli, convert_cli, indexer_cli, serve_cli, worker_cli, triton_cli):
         module.register(app)
     return app
 

@@ -45,8 +45,15 @@ class Unauthorized(CnclipError):
 
 
 # Project error -> HTTP status. Most specific first: PayloadTooLarge is an InvalidInput.
+class UnsupportedEncoding(CnclipError):
+    """A request `Content-Encoding` other than gzip, deflate or identity (Triton answers 501)."""
+
+    code = "unsupported_encoding"
+
+
 STATUS_BY_ERROR: tuple[tuple[type[CnclipError], int], ...] = (
     (Unauthorized, 401),
+    (UnsupportedEncoding, 501),
     (PayloadTooLarge, 413),
     (InvalidInput, 422),
     (MediaChanged, 410),

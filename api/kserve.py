@@ -7,12 +7,19 @@ same dynamic batcher as the REST API:
 | -------------------- | -------------------------------------- | ----------------------------------- |
 | `cnclip_text`        | `text`  INT64 `[-1, 52]` token ids     | `text_features`  FP32 `[-1, d]`     |
 | `cnclip_image`       | `image` FP32 `[-1, 3, R, R]` normalised | `image_features` FP32 `[-1, d]`     |
-| `cnclip_image_bytes` | `image_bytes` BYTES `[-1]` JPEG/PNG/…  | `image_features` FP32 `[-1, d]`     |
+| `cnclip_image_bytes` | `image_bytes` BYTES `[-1, 1]` JPEG/PNG/… | `image_features` FP32 `[-1, d]`   |
 
 Tensors travel as JSON (`data`) or with the binary tensor data extension (the JSON header's length
 in `Inference-Header-Content-Length`, raw little-endian bytes after it; BYTES elements as 4-byte
 length + bytes). JSON cannot carry raw image bytes, so `cnclip_image_bytes` reads JSON string
-elements as base64. Errors use the v2 shape `{"error": "<message>"}`.
+elements as base64. `image_bytes` also takes `[n]` (one file per row without the trailing 1).
+
+The rest of Triton's HTTP protocol, as tritonclient and perf_analyzer use it, answers as a real
+Triton 2.51 does (the golden tests compare the two): model configuration (`/config`, the JSON of
+Triton's `ModelConfig`), `POST /v2/repository/index`, statistics (`/stats`), health routes (200, or
+400 with an empty body when not ready), `Content-Encoding: gzip|deflate` request bodies and
+`Accept-Encoding` on inference responses, and `{"error": "<message>"}` for every error under `/v2`,
+unknown routes (404) and methods (405) included.
 """
 
 from __future__ import annotations
@@ -22,8 +29,10 @@ import binascii
 import json
 import math
 import struct
+import time
+import zlib
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as dist_version
 from typing import Any
@@ -32,19 +41,23 @@ import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
+from starlette.routing import Match
 
 from api.deps import require_read_key
-from api.errors import http_status, public_message, retry_headers
+from api.errors import UnsupportedEncoding, allowed_methods, http_status, public_message, retry_headers
 from retrieval.errors import CnclipError, InvalidInput, NotFound, PayloadTooLarge
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 MODEL_VERSION = "1"
-MAX_BATCH = 256  # items per request; the batcher splits them into buckets
+MAX_BATCH = 256  # items per request (the config's max_batch_size); the batcher splits them into buckets
 MAX_BODY_BYTES = 64 * 1024 * 1024
 # cn_clip's vocab.txt has 21128 entries; ids outside it would make the embedding Gather fail inside ONNX Runtime.
 VOCAB_SIZE = 21128
+PLATFORM = "cnclip"  # metadata `platform` and config `backend`: our batcher and ONNX Runtime sessions
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "statistics", "parameters"]
 
 _NUMPY_DTYPES: dict[str, np.dtype[Any]] = {"INT64": np.dtype("<i8"), "FP32": np.dtype("<f4")}
+_CONFIG_TYPES = {"INT64": "TYPE_INT64", "FP32": "TYPE_FP32", "BYTES": "TYPE_STRING"}
 
 
 @dataclass(frozen=True)
@@ -53,6 +66,7 @@ class ServedModel:
     input_name: str
     datatype: str  # of the input; every output is FP32
     output_name: str
+    tower: str
 
     def input_dims(self, encoder: Any) -> list[int]:
         """The input shape after the batch dimension."""
@@ -60,15 +74,15 @@ class ServedModel:
             return [int(encoder.context_length)]
         if self.datatype == "FP32":
             return [3, int(encoder.image_size), int(encoder.image_size)]
-        return []
+        return [1]  # one file per row, as Triton's batching ensemble takes it
 
 
 MODELS = {
     m.name: m
     for m in (
-        ServedModel("cnclip_text", "text", "INT64", "text_features"),
-        ServedModel("cnclip_image", "image", "FP32", "image_features"),
-        ServedModel("cnclip_image_bytes", "image_bytes", "BYTES", "image_features"),
+        ServedModel("cnclip_text", "text", "INT64", "text_features", "text"),
+        ServedModel("cnclip_image", "image", "FP32", "image_features", "image"),
+        ServedModel("cnclip_image_bytes", "image_bytes", "BYTES", "image_features", "image"),
     )
 }
 
@@ -133,6 +147,123 @@ def _is_ready(request: Request) -> bool:
     return encoder is not None and bool(encoder.ready)
 
 
+# --- statistics ---------------------------------------------------------------------------------------
+
+
+_STAGES = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss")
+_BATCH_STAGES = ("compute_input", "compute_infer", "compute_output")
+
+
+def _duration() -> dict[str, int]:
+    return {"count": 0, "ns": 0}
+
+
+@dataclass
+class ModelStats:
+    """Triton's per-model statistics, counted per request.
+
+    The encoder's batcher is shared with /v1 and merges requests of both, so `execution_count`
+    counts requests (not batches) and `batch_stats` is keyed by the request's batch size. The
+    batcher's queue wait is inside `compute_infer` (it is not timed per request), so `queue` is 0.
+    """
+
+    last_inference: int = 0  # ms since the epoch
+    inference_count: int = 0  # items
+    execution_count: int = 0
+    stages: dict[str, dict[str, int]] = field(default_factory=lambda: {k: _duration() for k in _STAGES})
+    batches: dict[int, dict[str, dict[str, int]]] = field(default_factory=dict)
+
+    def add(self, stage: str, ns: int, stages: dict[str, dict[str, int]] | None = None) -> None:
+        entry = (self.stages if stages is None else stages)[stage]
+        entry["count"] += 1
+        entry["ns"] += ns
+
+    def success(self, items: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
+        self.last_inference = time.time_ns() // 1_000_000
+        self.inference_count += items
+        self.execution_count += 1
+        self.add("success", input_ns + infer_ns + output_ns)
+        self.add("queue", 0)
+        batch = self.batches.setdefault(items, {k: _duration() for k in _BATCH_STAGES})
+        for stage, ns in zip(_BATCH_STAGES, (input_ns, infer_ns, output_ns), strict=True):
+            self.add(stage, ns)
+            self.add(stage, ns, batch)
+
+    def to_json(self, name: str) -> dict[str, Any]:
+        return {
+            "name": name,
+            "version": MODEL_VERSION,
+            "last_inference": self.last_inference,
+            "inference_count": self.inference_count,
+            "execution_count": self.execution_count,
+            "inference_stats": self.stages,
+            "response_stats": {},
+            "batch_stats": [{"batch_size": size, **stages} for size, stages in sorted(self.batches.items())],
+            "memory_usage": [],
+        }
+
+
+def _stats(request: Request) -> dict[str, ModelStats]:
+    """This app's statistics (kept on app.state, so two apps in one process never share them)."""
+    state = request.app.state
+    stats = getattr(state, "v2_stats", None)
+    if stats is None:
+        stats = state.v2_stats = {name: ModelStats() for name in MODELS}
+    return stats
+
+
+# --- inference (first: the hot route is matched before the others are tried) ----------------------
+
+
+@router.post("/models/{name}/infer")
+@router.post("/models/{name}/versions/{version}/infer")
+async def infer(request: Request) -> Response:
+    """Run one inference request (JSON or binary tensors) through the encoder's batcher."""
+    started = time.perf_counter_ns()
+    # Path parameters read here rather than declared: FastAPI's per-parameter validation is a
+    # measurable share of this, the hottest route's, cost per request.
+    name, version = request.path_params["name"], request.path_params.get("version")
+    try:
+        model = _served(name, version)
+    except CnclipError as exc:
+        return _error_response(exc)
+    stats = _stats(request)[model.name]
+    try:
+        # Inference is a read: it needs the API key only when reads do. Health stays open for load balancers.
+        await require_read_key(request)
+        encoder = _encoder(request)
+        if encoder is None or not encoder.ready:
+            return v2_error(503, f"model '{name}' is not ready")
+        body = await _read_body(request)
+        infer_request, binary = _split_body(body, request.headers.get(HEADER_LENGTH))
+        batch = _decode_input(model, infer_request, binary, encoder)
+        binary_output = _wants_binary_output(model, infer_request)
+        decoded = time.perf_counter_ns()
+        if model.datatype == "INT64":
+            features = await encoder.embed_token_ids(batch)
+        elif model.datatype == "FP32":
+            features = await encoder.embed_pixels(batch)
+        else:
+            features = await encoder.embed_images(batch)
+        inferred = time.perf_counter_ns()
+        response = _encode_response(
+            model, infer_request, np.asarray(features, dtype=np.float32), binary_output, _accepted(request)
+        )
+    except CnclipError as exc:
+        stats.add("fail", time.perf_counter_ns() - started)
+        return _error_response(exc)
+    stats.success(len(batch), decoded - started, inferred - decoded, time.perf_counter_ns() - inferred)
+    return response
+
+
+# --- server and health --------------------------------------------------------------------------------
+
+
+def _empty(status: int) -> Response:
+    """Triton's health answers: no body, text/plain."""
+    return Response(status_code=status, media_type="text/plain")
+
+
 @router.get("")
 async def server_metadata() -> dict[str, Any]:
     """Server name, version and the protocol extensions it speaks."""
@@ -140,22 +271,35 @@ async def server_metadata() -> dict[str, Any]:
         version = dist_version("cnclip-search")
     except PackageNotFoundError:  # running from a source tree that was never installed
         version = "0"
-    return {"name": "cnclip", "version": version, "extensions": ["binary_tensor_data"]}
+    return {"name": "cnclip", "version": version, "extensions": EXTENSIONS}
 
 
 # Health answers carry the KServe v2 REST bodies ({"live": bool}, {"ready": bool}); Triton itself sends
 # an empty body, and its clients (tritonclient's is_server_live/ready) read only the status.
 @router.get("/health/live")
-async def live() -> JSONResponse:
-    """200 `{"live": true}` while the process serves HTTP."""
-    return JSONResponse({"live": True})
+async def live() -> Response:
+    """200 while the process serves HTTP."""
+    return _empty(200)
 
 
 @router.get("/health/ready")
-async def ready(request: Request) -> JSONResponse:
-    """200 `{"ready": true}` once the encoder has warmed every bucket, 503 `{"ready": false}` before."""
-    is_ready = _is_ready(request)
-    return JSONResponse({"ready": is_ready}, status_code=200 if is_ready else 503)
+async def ready(request: Request) -> Response:
+    """200 once the encoder has warmed every bucket; before that 400, as Triton answers."""
+    return _empty(200 if _is_ready(request) else 400)
+
+
+# --- models -------------------------------------------------------------------------------------------
+
+
+@router.get("/models/stats")
+async def all_stats(request: Request) -> Response:
+    """Statistics of every model."""
+    try:
+        await require_read_key(request)
+    except CnclipError as exc:
+        return _error_response(exc)
+    stats = _stats(request)
+    return JSONResponse({"model_stats": [stats[name].to_json(name) for name in sorted(MODELS)]})
 
 
 @router.get("/models/{name}")
@@ -175,52 +319,189 @@ async def model_metadata(request: Request, name: str, version: str | None = None
         {
             "name": model.name,
             "versions": [MODEL_VERSION],
-            "platform": "cnclip",
+            "platform": PLATFORM,
             "inputs": [{"name": model.input_name, "datatype": model.datatype, "shape": input_shape}],
             "outputs": [{"name": model.output_name, "datatype": "FP32", "shape": [-1, int(encoder.dim)]}],
         }
     )
 
 
+def model_config(model: ServedModel, encoder: Any, settings: Any) -> dict[str, Any]:
+    """The model's configuration as Triton's `GET .../config` returns it (JSON of `ModelConfig`).
+
+    Names, data types and dims are those `cnclip export-triton` writes into config.pbtxt;
+    `max_batch_size` is this server's per-request limit, the preferred batch sizes are the encoder's
+    buckets and the instance group its streams on its provider.
+    """
+    buckets = list(getattr(encoder, "buckets", {}).get(model.tower) or getattr(settings, "buckets", None) or [1])
+    provider = getattr(getattr(encoder, "provider", None), "name", None) or "remote"
+    precision = getattr(encoder, "precision", {}).get(model.tower, "")
+    device = int(getattr(settings, "device_id", 0) or 0)
+    kind = {"cpu": "KIND_CPU", "cuda": "KIND_GPU"}.get(provider, "KIND_MODEL")  # Triton has no NPU kind
+    config: dict[str, Any] = {
+        "name": model.name,
+        "platform": PLATFORM,
+        "backend": PLATFORM,
+        "runtime": "",
+        "version_policy": {"latest": {"num_versions": 1}},
+        "max_batch_size": MAX_BATCH,
+        "input": [
+            {
+                "name": model.input_name,
+                "data_type": _CONFIG_TYPES[model.datatype],
+                "format": "FORMAT_NONE",
+                "dims": model.input_dims(encoder),
+                "is_shape_tensor": False,
+                "allow_ragged_batch": False,
+                "optional": False,
+                "is_non_linear_format_io": False,
+            }
+        ],
+        "output": [
+            {
+                "name": model.output_name,
+                "data_type": "TYPE_FP32",
+                "dims": [int(encoder.dim)],
+                "label_filename": "",
+                "is_shape_tensor": False,
+                "is_non_linear_format_io": False,
+            }
+        ],
+        "batch_input": [],
+        "batch_output": [],
+        "optimization": {
+            "priority": "PRIORITY_DEFAULT",
+            "input_pinned_memory": {"enable": True},
+            "output_pinned_memory": {"enable": True},
+            "gather_kernel_buffer_threshold": 0,
+            "eager_batching": False,
+        },
+    }
+    if getattr(settings, "dynamic_batching", True):
+        config["dynamic_batching"] = {
+            "preferred_batch_size": [b for b in buckets if b <= MAX_BATCH],
+            "max_queue_delay_microseconds": int(round(float(getattr(settings, "max_queue_delay_ms", 0.0)) * 1000)),
+            "preserve_ordering": False,
+            "priority_levels": 0,
+            "default_priority_level": 0,
+            "priority_queue_policy": {},
+        }
+    config["instance_group"] = [
+        {
+            "name": f"{model.name}_0",
+            "kind": kind,
+            "count": int(getattr(settings, "streams", 1) or 1),
+            "gpus": [device] if kind == "KIND_GPU" else [],
+            "secondary_devices": [],
+            "profile": [],
+            "passive": False,
+            "host_policy": "",
+        }
+    ]
+    config["default_model_filename"] = ""
+    config["cc_model_filenames"] = {}
+    config["metric_tags"] = {}
+    params = {"provider": provider, "precision": precision, "buckets": json.dumps(buckets)}
+    config["parameters"] = {k: {"string_value": str(v)} for k, v in params.items()}
+    config["model_warmup"] = []
+    return config
+
+
+@router.get("/models/{name}/config")
+@router.get("/models/{name}/versions/{version}/config")
+async def model_configuration(request: Request, name: str, version: str | None = None) -> Response:
+    """The model configuration (Triton's `ModelConfig` as JSON): what perf_analyzer and
+    `tritonclient`'s `get_model_config` read."""
+    try:
+        model = _served(name, version)
+        await require_read_key(request)
+    except CnclipError as exc:
+        return _error_response(exc)
+    encoder = _encoder(request)
+    if encoder is None:
+        return v2_error(503, "no encoder is configured on this server")
+    return JSONResponse(model_config(model, encoder, getattr(request.app.state, "settings", None)))
+
+
+@router.get("/models/{name}/stats")
+@router.get("/models/{name}/versions/{version}/stats")
+async def model_stats(request: Request, name: str, version: str | None = None) -> Response:
+    """Counts and cumulative nanoseconds per stage of one model (see `ModelStats`)."""
+    try:
+        await require_read_key(request)
+        if name not in MODELS or version not in (None, "", MODEL_VERSION):
+            # Triton answers 400 here, not 404.
+            raise BadRequest(f"requested model '{name}' is not available")
+    except CnclipError as exc:
+        return _error_response(exc)
+    return JSONResponse({"model_stats": [_stats(request)[name].to_json(name)]})
+
+
 @router.get("/models/{name}/ready")
 @router.get("/models/{name}/versions/{version}/ready")
 async def model_ready(request: Request, name: str, version: str | None = None) -> Response:
-    """200 when the model can serve, 503 while the encoder warms up, 404 for an unknown model."""
-    try:
-        model = _served(name, version)
-    except CnclipError as exc:
-        return _error_response(exc)
-    is_ready = _is_ready(request)
-    return JSONResponse({"name": model.name, "ready": is_ready}, status_code=200 if is_ready else 503)
+    """200 when the model can serve; 400 while the encoder warms up and for an unknown model (as Triton)."""
+    known = name in MODELS and version in (None, "", MODEL_VERSION)
+    if known and _is_ready(request):
+        return _empty(200)
+    reason = "is not ready" if known else "is not served here"
+    return v2_error(400, f"model '{name}' version {version or MODEL_VERSION} {reason}")
 
 
-@router.post("/models/{name}/infer")
-@router.post("/models/{name}/versions/{version}/infer")
-async def infer(request: Request, name: str, version: str | None = None) -> Response:
-    """Run one inference request (JSON or binary tensors) through the encoder's batcher."""
+@router.post("/repository/index")
+async def repository_index(request: Request) -> Response:
+    """The models and their state; `{"ready": true}` lists only the ready ones."""
     try:
-        model = _served(name, version)
-        # Inference is a read: it needs the API key only when reads do. Health stays open for load balancers.
         await require_read_key(request)
-        encoder = _encoder(request)
-        if encoder is None or not encoder.ready:
-            return v2_error(503, f"model '{name}' is not ready")
         body = await _read_body(request)
-        infer_request, binary = _split_body(body, request.headers.get(HEADER_LENGTH))
-        batch = _decode_input(model, infer_request, binary, encoder)
-        binary_output = _wants_binary_output(model, infer_request)
-        if model.datatype == "INT64":
-            features = await encoder.embed_token_ids(batch)
-        elif model.datatype == "FP32":
-            features = await encoder.embed_pixels(batch)
-        else:
-            features = await encoder.embed_images(batch)
+        options = json.loads(body) if body.strip() else {}
+        if not isinstance(options, dict):
+            raise BadRequest("the repository index request must be a JSON object")
+    except json.JSONDecodeError:
+        return v2_error(400, "the repository index request is not valid JSON")
     except CnclipError as exc:
         return _error_response(exc)
-    return _encode_response(model, infer_request, np.asarray(features, dtype=np.float32), binary_output)
+    ready_now = _is_ready(request)
+    if options.get("ready") and not ready_now:
+        return JSONResponse([])
+    entry: dict[str, Any] = {"version": MODEL_VERSION, "state": "READY" if ready_now else "UNAVAILABLE"}
+    if not ready_now:
+        entry["reason"] = "the encoder is warming up"
+    return JSONResponse([{"name": name, **entry} for name in sorted(MODELS)])
+
+
+@router.post("/repository/models/{name}/load")
+@router.post("/repository/models/{name}/unload")
+async def repository_control(request: Request, name: str) -> Response:
+    """The models are this process's encoder: always loaded, never unloaded. Answered as Triton
+    answers without explicit model control (503)."""
+    try:
+        await require_read_key(request)
+    except CnclipError as exc:
+        return _error_response(exc)
+    action = request.url.path.rsplit("/", 1)[-1]
+    return v2_error(503, f"explicit model {action} is not allowed: this server always serves {', '.join(MODELS)}")
+
+
+@router.api_route("", methods=["POST", "PUT", "PATCH", "DELETE"], include_in_schema=False)
+@router.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"], include_in_schema=False)
+async def not_found(request: Request, path: str = "") -> Response:
+    """Every other /v2 request: 405 on a route that exists with another method, else 404, in v2's shape."""
+    for route in router.routes:  # this router's own routes: their paths carry the /v2 prefix
+        if getattr(route, "endpoint", None) is not_found:
+            continue
+        match, _ = route.matches({**request.scope, "root_path": "", "path": request.url.path})
+        if match is Match.PARTIAL:
+            allowed = ", ".join(allowed_methods(request.app, request.url.path))
+            return v2_error(405, "Method Not Allowed", {"Allow": allowed} if allowed else None)
+    return v2_error(404, "Not Found")
+
+
+# --- request and response bodies ----------------------------------------------------------------------
 
 
 async def _read_body(request: Request) -> bytes:
+    """The request body, decompressed when it came with `Content-Encoding: gzip` or `deflate`."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of {MAX_BODY_BYTES}")
@@ -231,7 +512,39 @@ async def _read_body(request: Request) -> bytes:
         if size > MAX_BODY_BYTES:
             raise PayloadTooLarge(f"request body exceeds the limit of {MAX_BODY_BYTES} bytes")
         chunks.append(chunk)
-    return b"".join(chunks)
+    return _decompress(b"".join(chunks), request.headers.get("content-encoding"))
+
+
+def _decompress(body: bytes, encoding: str | None) -> bytes:
+    """gzip or deflate (zlib, as tritonclient sends it; raw deflate too), capped at MAX_BODY_BYTES
+    after decompression so that a small compressed body cannot expand without limit."""
+    encoding = (encoding or "identity").strip().lower()
+    if encoding == "identity":
+        return body
+    if encoding not in ("gzip", "x-gzip", "deflate"):
+        raise UnsupportedEncoding(f"Unsupported compression type '{encoding}' (gzip and deflate are supported)")
+    attempts = [zlib.MAX_WBITS | 16] if encoding != "deflate" else [zlib.MAX_WBITS, -zlib.MAX_WBITS]
+    for wbits in attempts:
+        inflater = zlib.decompressobj(wbits)
+        try:
+            data = inflater.decompress(body, MAX_BODY_BYTES + 1)
+        except zlib.error:
+            continue
+        if len(data) > MAX_BODY_BYTES or inflater.unconsumed_tail:
+            raise PayloadTooLarge(f"the decompressed request body exceeds the limit of {MAX_BODY_BYTES} bytes")
+        if not inflater.eof:
+            raise BadRequest(f"the {encoding} request body is truncated")
+        return data
+    raise BadRequest(f"the request body is not valid {encoding} data")
+
+
+def _accepted(request: Request) -> str | None:
+    """The response compression the client accepts (`Accept-Encoding`), gzip or deflate, in its order."""
+    for part in request.headers.get("accept-encoding", "").split(","):
+        name, _, params = part.strip().lower().partition(";")
+        if name in ("gzip", "deflate") and params.replace(" ", "") not in ("q=0", "q=0.0", "q=0.00", "q=0.000"):
+            return name
+    return None
 
 
 def _split_body(body: bytes, header_length: str | None) -> tuple[InferRequest, bytes]:
@@ -358,7 +671,9 @@ def _wants_binary_output(model: ServedModel, req: InferRequest) -> bool:
     return bool((req.outputs[0].parameters or {}).get("binary_data", default))
 
 
-def _encode_response(model: ServedModel, req: InferRequest, features: np.ndarray, binary: bool) -> Response:
+def _encode_response(
+    model: ServedModel, req: InferRequest, features: np.ndarray, binary: bool, compression: str | None = None
+) -> Response:
     output: dict[str, Any] = {"name": model.output_name, "datatype": "FP32", "shape": list(features.shape)}
     raw = b""
     if binary:
@@ -370,6 +685,16 @@ def _encode_response(model: ServedModel, req: InferRequest, features: np.ndarray
     if req.id is not None:
         body["id"] = req.id
     header = json.dumps(body, separators=(",", ":")).encode()
-    if not binary:
-        return Response(header, media_type="application/json")
-    return Response(header + raw, media_type="application/octet-stream", headers={HEADER_LENGTH: str(len(header))})
+    headers: dict[str, str] = {}
+    if binary:
+        headers[HEADER_LENGTH] = str(len(header))  # of the uncompressed JSON, as Triton sends it
+    content = header + raw
+    if compression == "gzip":
+        compressor = zlib.compressobj(6, zlib.DEFLATED, zlib.MAX_WBITS | 16)
+        content = compressor.compress(content) + compressor.flush()
+        headers["Content-Encoding"] = "gzip"
+    elif compression == "deflate":
+        content = zlib.compress(content, 6)
+        headers["Content-Encoding"] = "deflate"
+    media_type = "application/octet-stream" if binary else "application/json"
+    return Response(content, media_type=media_type, headers=headers)

@@ -7,6 +7,7 @@ the server write any amount of data before the per-file check in `uploads.read_u
 from __future__ import annotations
 
 from starlette.exceptions import HTTPException
+from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.errors import error_response
@@ -28,9 +29,11 @@ class BodySizeLimitMiddleware:
             return
         declared = dict(scope["headers"]).get(b"content-length")
         if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
-            response = error_response(
-                413, PayloadTooLarge.code, f"the request body is larger than the limit of {self.max_bytes} bytes"
-            )
+            message = f"the request body is larger than the limit of {self.max_bytes} bytes"
+            if scope["path"] == "/v2" or scope["path"].startswith("/v2/"):
+                response = JSONResponse({"error": message}, status_code=413)  # the KServe v2 error shape
+            else:
+                response = error_response(413, PayloadTooLarge.code, message)
             await response(scope, receive, send)
             return
         received = 0

@@ -55,6 +55,7 @@ _DESCRIPTIONS = {
     422: "The input cannot be used (validation, unreadable image).",
     429: "The encoder's queue is full; retry after `Retry-After` seconds.",
     500: "A bug; the message quotes the request id to report.",
+    501: "A request Content-Encoding other than gzip, deflate or identity.",
     503: "Not ready: the encoder is warming up or unreachable, or the database is down.",
 }
 # Success bodies FastAPI cannot infer from the route's return type.
@@ -144,26 +145,29 @@ def _document_v1(schema: dict[str, Any]) -> None:
 _V2_STATUSES = {
     "/v2": {500},
     "/v2/health/live": {500},
-    "/v2/health/ready": {500},
-    "/v2/models/{name}": {401, 404, 500, 503},
-    "/v2/models/{name}/versions/{version}": {401, 404, 500, 503},
-    "/v2/models/{name}/ready": {404, 500},
-    "/v2/models/{name}/versions/{version}/ready": {404, 500},
-    "/v2/models/{name}/infer": {400, 401, 404, 408, 413, 429, 500, 503},
-    "/v2/models/{name}/versions/{version}/infer": {400, 401, 404, 408, 413, 429, 500, 503},
+    "/v2/health/ready": {400, 500},
+    "/v2/models/stats": {401, 500},
+    "/v2/models/{name}": {400, 401, 404, 500, 503},
+    "/v2/models/{name}/versions/{version}": {400, 401, 404, 500, 503},
+    "/v2/models/{name}/config": {400, 401, 404, 500},
+    "/v2/models/{name}/versions/{version}/config": {400, 401, 404, 500},
+    "/v2/models/{name}/stats": {400, 401, 500},
+    "/v2/models/{name}/versions/{version}/stats": {400, 401, 500},
+    "/v2/models/{name}/ready": {400, 500},
+    "/v2/models/{name}/versions/{version}/ready": {400, 500},
+    "/v2/repository/index": {400, 401, 500},
+    "/v2/repository/models/{name}/load": {401, 500, 503},
+    "/v2/repository/models/{name}/unload": {401, 500, 503},
+    "/v2/models/{name}/infer": {400, 401, 404, 408, 413, 429, 500, 501, 503},
+    "/v2/models/{name}/versions/{version}/infer": {400, 401, 404, 408, 413, 429, 500, 501, 503},
 }
-_V2_BODIES: dict[str, dict[str, Any]] = {
-    "/v2/health/live": {"200": {"live": {"type": "boolean"}}},
-    "/v2/health/ready": {"200": {"ready": {"type": "boolean"}}, "503": {"ready": {"type": "boolean"}}},
-    "/v2/models/{name}/ready": {
-        "200": {"name": {"type": "string"}, "ready": {"type": "boolean"}},
-        "503": {"name": {"type": "string"}, "ready": {"type": "boolean"}},
-    },
-    "/v2/models/{name}/versions/{version}/ready": {
-        "200": {"name": {"type": "string"}, "ready": {"type": "boolean"}},
-        "503": {"name": {"type": "string"}, "ready": {"type": "boolean"}},
-    },
-}
+# Routes that answer like Triton with a status and an empty body (health and readiness probes).
+_V2_EMPTY_OK = (
+    "/v2/health/live",
+    "/v2/health/ready",
+    "/v2/models/{name}/ready",
+    "/v2/models/{name}/versions/{version}/ready",
+)
 _INFER_BODY = {
     "required": True,
     "content": {
@@ -182,9 +186,8 @@ def _document_v2(schema: dict[str, Any], path: str, ops: dict[str, Any]) -> None
         responses.pop("422", None)  # v2 routes answer bad input with 400 in the v2 shape
         for status in sorted(_V2_STATUSES.get(path, {500})):
             responses[str(status)] = _error_response(status, "V2Error")
-        for code, props in _V2_BODIES.get(path, {}).items():
-            body = {"type": "object", "required": sorted(props), "properties": props}
-            responses[code] = {"description": "Health", "content": {"application/json": {"schema": body}}}
+        if path in _V2_EMPTY_OK:
+            responses["200"] = {"description": "Live / ready: an empty body, as Triton answers."}
         if path.endswith("/infer") and method == "post":
             op["requestBody"] = _INFER_BODY
             responses["200"]["content"]["application/octet-stream"] = {"schema": {"type": "string", "format": "binary"}}

@@ -3,9 +3,58 @@
 from __future__ import annotations
 
 import ipaddress
-from typing import Annotated
+import logging
+import sys
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+
+if TYPE_CHECKING:
+    from api.config import Settings
+
+# The project's loggers; uvicorn configures only its own, so without this their INFO lines (the
+# encoder's provider/precision/buckets line at start-up) would be dropped.
+PROJECT_LOGGERS = ("cnclip", "retrieval", "indexer", "api", "demo")
+
+
+class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever sys.stderr is at the time (a test runner may swap and close it)."""
+
+    @property  # type: ignore[override]
+    def stream(self) -> Any:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: Any) -> None:
+        pass
+
+
+def configure_logging(level: str) -> None:
+    """Send the project's log records to stderr at `level` (uvicorn's level names), in uvicorn's format."""
+    numeric = logging.DEBUG if level.lower() == "trace" else getattr(logging, level.upper(), logging.INFO)
+    for name in PROJECT_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.setLevel(numeric)
+        if not any(getattr(h, "_cnclip", False) for h in logger.handlers):
+            handler = _StderrHandler()
+            handler.setFormatter(logging.Formatter("%(levelname)s:     %(name)s: %(message)s"))
+            handler._cnclip = True  # type: ignore[attr-defined]
+            logger.addHandler(handler)
+
+
+def exit_on_bad_model(settings: Settings) -> None:
+    """Fail with one line, not a lifespan traceback, when a local model directory is not usable."""
+    if settings.encoder != "local":
+        return
+    from retrieval.errors import ModelError
+    from retrieval.manifest import ModelManifest
+
+    try:
+        ModelManifest.load(settings.model_dir, verify=False)
+    except ModelError as exc:
+        typer.secho(f"error: {exc.message}", fg=typer.colors.RED, err=True)
+        typer.echo("Set CNCLIP_MODEL_DIR to a model directory (see `cnclip convert`).", err=True)
+        raise typer.Exit(2) from exc
 
 
 def _is_loopback(host: str) -> bool:
@@ -48,17 +97,8 @@ def register(app: typer.Typer) -> None:
                 fg=typer.colors.YELLOW,
                 err=True,
             )
-        if settings.encoder == "local":
-            # Fail with one line, not a lifespan traceback, when the model directory is not usable.
-            from retrieval.errors import ModelError
-            from retrieval.manifest import ModelManifest
-
-            try:
-                ModelManifest.load(settings.model_dir, verify=False)
-            except ModelError as exc:
-                typer.secho(f"error: {exc.message}", fg=typer.colors.RED, err=True)
-                typer.echo("Set CNCLIP_MODEL_DIR to a model directory (see `cnclip convert`).", err=True)
-                raise typer.Exit(2) from exc
+        exit_on_bad_model(settings)
+        configure_logging(log_level)
         typer.echo(f"cnclip: model {settings.model_dir}, data {settings.data_dir}")
         uvicorn.run(
             create_app(settings),

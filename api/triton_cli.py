@@ -28,11 +28,15 @@ def register(app: typer.Typer) -> None:
         model: Annotated[Path, typer.Option("--model", help="Model directory with manifest.json.")],
         out: Annotated[Path, typer.Option("--out", help="Triton model repository to write.")],
         backend: Annotated[
-            str, typer.Option(help="onnxruntime (CPU/GPU, dynamic batching) or npu_ge (Ascend ge-backend, static).")
+            str,
+            typer.Option(
+                help="onnxruntime (CPU/GPU, dynamic batching), python (ONNX Runtime inside Triton's Python "
+                "backend: CPU, CUDA or CANN, dynamic batching) or npu_ge (Ascend ge-backend, static)."
+            ),
         ] = "onnxruntime",
         instances: Annotated[int, typer.Option(help="instance_group count: parallel instances (npu_ge: streams).")] = 1,
         max_batch: Annotated[
-            int | None, typer.Option(help="onnxruntime: max_batch_size; npu_ge: the bucket of the static graph.")
+            int | None, typer.Option(help="onnxruntime/python: max_batch_size; npu_ge: the bucket of the static graph.")
         ] = None,
         aicore: Annotated[
             str | None, typer.Option(help="npu_ge: cube|vector AI cores per stream (ge.aicoreNum), e.g. 12|10.")
@@ -47,10 +51,10 @@ def register(app: typer.Typer) -> None:
         """Write a Triton model repository: cnclip_text, cnclip_image, a Python preprocess model and the
         cnclip_image_bytes ensemble (raw JPEG/PNG in, features out)."""
         from retrieval.errors import CnclipError
-        from retrieval.triton_export import ExportOptions, export_triton_repository
+        from retrieval.triton_export import BACKENDS, ExportOptions, export_triton_repository
 
-        if backend not in ("onnxruntime", "npu_ge"):
-            raise typer.BadParameter(f"--backend must be onnxruntime or npu_ge, got '{backend}'")
+        if backend not in BACKENDS:
+            raise typer.BadParameter(f"--backend must be one of {', '.join(BACKENDS)}, got '{backend}'")
         options = ExportOptions(
             backend=backend,  # type: ignore[arg-type]
             instances=instances,
@@ -70,3 +74,5 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"{tower:5s}  {kind} {batch}  (from bucket graph b{report.source_bucket[tower]})")
         typer.echo(f"wrote {', '.join(report.models)} to {report.repository}")
         typer.echo(f"serve it with: tritonserver --model-repository {report.repository}")
+        needs = "numpy, Pillow and onnxruntime" if backend == "python" else "numpy and Pillow"
+        typer.echo(f"(Triton's Python backend imports {needs} for the Python models)")

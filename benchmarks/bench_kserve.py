@@ -1,15 +1,21 @@
-"""What the KServe v2 path costs: the in-process encoder vs the same encoder behind our /v2 endpoint.
+"""What the KServe v2 path costs: the in-process encoder, the same encoder behind our /v2 endpoint,
+and a real Triton Inference Server running the same model.
 
     python benchmarks/bench_kserve.py --model models/cnclip-demo [--repeats 3] [--duration 3]
 
-The server runs in its own process (uvicorn, the /v2 router around a LocalEncoder with the same
-settings), so client and server do not share a GIL. Side by side, interleaved, each `--repeats`
-times, for texts and for image files:
+The servers run in their own processes, so client and server do not share a GIL. Side by side,
+interleaved, each `--repeats` times, for texts and for image files:
 - `local`: `LocalEncoder` in this process (the baseline);
-- `remote`: `TritonEncoder` (tritonclient's aiohttp client, binary tensors) → loopback → /v2;
+- `remote`: `TritonEncoder` (tritonclient's aiohttp client, binary tensors) → loopback → our /v2
+  (uvicorn, the /v2 router around a LocalEncoder with the same settings);
 - `json`: the same request with JSON tensors through tritonclient's plain HTTP client (text only);
 - `remote, no-op server`: `remote` against a server whose encoder answers zeros at once, so what
-  remains is the protocol's own cost (HTTP, (de)serialisation, the second process).
+  remains is the protocol's own cost (HTTP, (de)serialisation, the second process);
+- `triton (python backend)`: `TritonEncoder` → a real Triton 2.51 (nvidia-pytriton's tritonserver,
+  see tests/real_triton.py) serving `cnclip export-triton --backend python` of the same model and
+  precision: the batch-dynamic graphs in ONNX Runtime inside Python-backend stubs, Triton's dynamic
+  batcher with the buckets as preferred sizes, images decoded by the `preprocess` model of the
+  ensemble. `--no-triton` leaves it out (e.g. where nvidia-pytriton cannot run).
 Each figure is the median over repeats of items/s and p50 latency at the given concurrency.
 """
 
@@ -38,11 +44,17 @@ from PIL import Image  # noqa: E402
 
 from api.config import Settings  # noqa: E402
 from retrieval.errors import EncoderUnavailable  # noqa: E402
+from tests.real_triton import RealTriton  # noqa: E402
 
 
-def settings_for(model: Path, buckets: list[int]) -> Settings:
+def settings_for(model: Path, buckets: list[int], precision: str = "fp32") -> Settings:
     return Settings(
-        _env_file=None, model_dir=model, provider="cpu", buckets=buckets, data_dir=Path("/tmp/bench-kserve")
+        _env_file=None,
+        model_dir=model,
+        provider="cpu",
+        precision=precision,
+        buckets=buckets,
+        data_dir=Path("/tmp/bench-kserve"),
     )
 
 
@@ -67,13 +79,13 @@ class NoopEncoder:
         return np.zeros((len(images), self.dim), np.float32)
 
 
-def serve(model: Path, port: int, buckets: list[int], noop: bool) -> None:
+def serve(model: Path, port: int, buckets: list[int], noop: bool, precision: str) -> None:
     """The server process: /v2 around a LocalEncoder (or the no-op encoder)."""
     import uvicorn
 
     from tests.kserve_server import local_encoder, v2_app
 
-    settings = settings_for(model, buckets)
+    settings = settings_for(model, buckets, precision)
     encoder = NoopEncoder(settings) if noop else local_encoder(settings)
     uvicorn.run(v2_app(encoder), host="127.0.0.1", port=port, log_level="warning")
 
@@ -148,20 +160,34 @@ def json_text_caller(url: str, texts: list[str]) -> Callable[[int], Awaitable[ob
     return call
 
 
+def start_triton(args: argparse.Namespace, workdir: Path) -> RealTriton:
+    """A real Triton serving `export-triton --backend python` of the model (max batch = largest bucket)."""
+    from retrieval.triton_export import ExportOptions, export_triton_repository
+
+    repository = workdir / "repo"
+    options = ExportOptions(backend="python", max_batch=max(args.buckets), precision=args.precision)
+    export_triton_repository(args.model, repository, options, force=True)
+    return RealTriton(repository, log_path=workdir / "tritonserver.log").start()
+
+
 async def run(args: argparse.Namespace) -> list[str]:
+    import tempfile
+
     from retrieval.encoder import LocalEncoder
 
-    settings = settings_for(args.model, args.buckets)
+    settings = settings_for(args.model, args.buckets, args.precision)
     port, noop_port = free_port(), free_port()
-    server = subprocess.Popen([sys.executable, __file__, "--serve", str(port), "--model", str(args.model)])
-    noop_server = subprocess.Popen(
-        [sys.executable, __file__, "--serve", str(noop_port), "--noop", "--model", str(args.model)]
-    )
+    common = ["--model", str(args.model), "--precision", args.precision, "--buckets", ",".join(map(str, args.buckets))]
+    server = subprocess.Popen([sys.executable, __file__, "--serve", str(port), *common])
+    noop_server = subprocess.Popen([sys.executable, __file__, "--serve", str(noop_port), "--noop", *common])
+    workdir = Path(tempfile.mkdtemp(prefix="bench-kserve-"))
+    triton = None if args.no_triton else start_triton(args, workdir)
     try:
         local = LocalEncoder(settings)
         await local.start()
         remote = await start_remote(settings, port)
         noop = await start_remote(settings, noop_port)
+        real = await start_remote(settings, triton.port) if triton is not None else None
         texts = [f"第{i}张照片：穿红色裙子的女孩在海边" for i in range(512)]
         files = images(16)
         json_call = json_text_caller(f"127.0.0.1:{port}", texts)
@@ -174,6 +200,9 @@ async def run(args: argparse.Namespace) -> list[str]:
             ("image", "remote"): lambda i: remote.embed_images([files[i % len(files)]]),
             ("image", "remote, no-op server"): lambda i: noop.embed_images([files[i % len(files)]]),
         }
+        if real is not None:
+            cases[("text", "triton (python backend)")] = lambda i: real.embed_texts([texts[i % len(texts)]])
+            cases[("image", "triton (python backend)")] = lambda i: real.embed_images([files[i % len(files)]])
         results: dict[tuple[str, str, int], list[tuple[float, float]]] = {}
         for _ in range(args.repeats):
             for concurrency in args.concurrency:
@@ -182,12 +211,18 @@ async def run(args: argparse.Namespace) -> list[str]:
                     results.setdefault((tower, path, concurrency), []).append(
                         await measure(call, concurrency, args.duration)
                     )
-        for encoder in (remote, noop, local):
-            await encoder.close()
+        for encoder in (remote, noop, real, local):
+            if encoder is not None:
+                await encoder.close()
     finally:
         for process in (server, noop_server):
             process.terminate()
             process.wait(timeout=30)
+        if triton is not None:
+            triton.close()
+        import shutil
+
+        shutil.rmtree(workdir, ignore_errors=True)
     lines = [
         "| tower | concurrency | path | items/s | p50 ms | items/s vs local |",
         "| --- | --- | --- | --- | --- | --- |",
@@ -207,17 +242,20 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=3.0)
     parser.add_argument("--concurrency", type=lambda v: [int(x) for x in v.split(",")], default=[1, 8])
     parser.add_argument("--buckets", type=lambda v: [int(x) for x in v.split(",")], default=[1, 4, 8])
+    parser.add_argument("--precision", default="fp32", help="graphs of every path (the export's too)")
+    parser.add_argument("--no-triton", action="store_true", help="leave the real Triton out")
     parser.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--noop", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        serve(args.model, args.serve, args.buckets, args.noop)
+        serve(args.model, args.serve, args.buckets, args.noop, args.precision)
         return
     started = dt.datetime.now(dt.UTC)
     lines = asyncio.run(run(args))
     cores = len(os.sched_getaffinity(0))
     print(
-        f"{started:%Y-%m-%d %H:%M} UTC, {platform.machine()}, {cores} cores, model {args.model}, buckets {args.buckets}"
+        f"{started:%Y-%m-%d %H:%M} UTC, {platform.machine()}, {cores} cores, model {args.model}, "
+        f"{args.precision}, buckets {args.buckets}"
     )
     print("\n".join(lines))
 

@@ -11,6 +11,7 @@ re-run resumes without re-embedding anything that was committed.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import os
@@ -251,6 +252,13 @@ class ImageIndexer:
         deleted = self.catalog.remembered_deletions(self.collection)
         queue: asyncio.Queue[tuple[str, object] | None] = asyncio.Queue(maxsize=self.inflight)
 
+        embeddings: set[asyncio.Task[tuple[list[_Prepared], np.ndarray]]] = set()  # in flight, not yet committed
+
+        def embed(batch: list[_Prepared]) -> asyncio.Task[tuple[list[_Prepared], np.ndarray]]:
+            task = asyncio.create_task(self._embed(batch, summary))
+            embeddings.add(task)
+            return task
+
         async def produce() -> None:
             batch: list[_Prepared] = []
             pending_shas: set[str] = set()
@@ -260,14 +268,21 @@ class ImageIndexer:
                     if action == "embed":
                         batch.append(prepared)
                         if len(batch) >= self.batch_size:
-                            await queue.put(("embed", asyncio.create_task(self._embed(batch, summary))))
+                            await queue.put(("embed", embed(batch)))
                             batch = []
                     elif action is not None:
                         await queue.put(("move", action))
                 if batch and not stop.is_set():
-                    await queue.put(("embed", asyncio.create_task(self._embed(batch, summary))))
-            finally:
-                await queue.put(None)
+                    await queue.put(("embed", embed(batch)))
+            except asyncio.CancelledError:
+                # The writer failed and cancelled this task: it reads no more, so never wait for room.
+                with contextlib.suppress(asyncio.QueueFull):
+                    queue.put_nowait(None)
+                raise
+            except BaseException:
+                await queue.put(None)  # the writer still runs: it commits what is queued, then stops
+                raise
+            await queue.put(None)
 
         async def commit() -> None:
             while (job := await queue.get()) is not None:
@@ -276,10 +291,21 @@ class ImageIndexer:
                     await asyncio.to_thread(self._apply_move, payload)  # type: ignore[arg-type]
                 else:
                     good, vectors = await payload  # type: ignore[misc]
+                    embeddings.discard(payload)  # type: ignore[arg-type]
                     await asyncio.to_thread(self._commit, good, vectors, summary)
                 report(summary)
 
-        await asyncio.gather(produce(), commit())
+        producer = asyncio.create_task(produce())
+        try:
+            await commit()
+        except BaseException:
+            # A batch failed (e.g. the remote encoder is gone): stop reading and drop the batches in
+            # flight. Everything committed so far stays; a rerun resumes from there.
+            for task in (producer, *embeddings):
+                task.cancel()
+            await asyncio.gather(producer, *embeddings, return_exceptions=True)
+            raise
+        await producer
 
     def _route(
         self,

@@ -7,7 +7,13 @@ Texts are tokenised here, so only token ids travel.
 
 The local model directory's `manifest.json` stays the source of truth for the model id, the
 dimension and `logit_scale` (the vectors in the catalog are tagged with it); `start()` checks that
-the remote models' shapes agree with it and refuses to start otherwise.
+the remote models' shapes agree with it and refuses to start otherwise. It also reads each model's
+`max_batch_size` from its configuration (a Triton repository exported with `--max-batch 16` takes
+at most 16 items per request) and splits larger batches accordingly.
+
+After a successful start, a model that disappears (unloaded, or still loading after a restart of
+the server) is a passing outage, not a configuration error: it is retried like a 5xx and then
+reported as `EncoderUnavailable` (503).
 """
 
 from __future__ import annotations
@@ -37,6 +43,9 @@ TEXT_MODEL = "cnclip_text"
 IMAGE_MODEL = "cnclip_image"
 IMAGE_BYTES_MODEL = "cnclip_image_bytes"
 MAX_ITEMS_PER_REQUEST = 64  # larger batches are split and sent concurrently
+# aiohttp offers gzip/deflate by default, and Triton (and our /v2) then compress every response: CPU on
+# both ends for float vectors that hardly compress.
+_NO_COMPRESSION = {"Accept-Encoding": "identity"}
 
 T = TypeVar("T")
 
@@ -85,6 +94,8 @@ class TritonEncoder:
         # Per remote model: its input shape as served. Our /v2 and a dynamic Triton export take [-1, ...];
         # a static (npu_ge) export takes exactly [B, ...], so requests are padded to B.
         self._inputs: dict[str, list[int]] = {}
+        # Per remote model: the most items one request may carry (its config's max_batch_size, capped).
+        self._max_items: dict[str, int] = {}
         self._ready = False
 
     @property
@@ -149,7 +160,7 @@ class TritonEncoder:
             return np.zeros((0, self.dim), dtype=np.float32)
         shape = self._inputs[model]
         fixed = shape[0] if shape[0] > 0 else None
-        size = fixed or MAX_ITEMS_PER_REQUEST
+        size = fixed or self._max_items.get(model, MAX_ITEMS_PER_REQUEST)
         requests = []
         for start in range(0, len(batch), size):
             chunk = batch[start : start + size]
@@ -171,7 +182,7 @@ class TritonEncoder:
         wanted = [triton_http.InferRequestedOutput(output_name, binary_data=True)]
 
         async def call() -> np.ndarray:
-            result = await client.infer(model, [tensor], outputs=wanted)
+            result = await client.infer(model, [tensor], outputs=wanted, headers=_NO_COMPRESSION)
             features = result.as_numpy(output_name)
             if features is None:
                 raise ModelError(f"Triton model '{model}' at {self.address} returned no '{output_name}'")
@@ -179,7 +190,7 @@ class TritonEncoder:
 
         rejected = InvalidImage if datatype == "BYTES" else InvalidInput
         started = time.perf_counter()
-        features = await self._with_retries(f"{model} inference", call, rejected)
+        features = await self._with_retries(f"{model} inference", call, rejected, model_may_vanish=True)
         n = batch.shape[0]
         if self.observer is not None:
             # The remote batches on its own; here a "batch" is one request and its round trip is "inference".
@@ -234,13 +245,36 @@ class TritonEncoder:
                 f"manifest of {self.manifest.name} has embed_dim {self.dim} (FP32 {[batch, self.dim]})"
             )
         self._inputs[name] = in_shape
+        if batch == -1:
+            self._max_items[name] = await self._max_batch_size(name)
+
+    async def _max_batch_size(self, name: str) -> int:
+        """Items per request for a batching model: its config's `max_batch_size`, at most
+        MAX_ITEMS_PER_REQUEST; MAX_ITEMS_PER_REQUEST when the server has no configuration route."""
+        client = self._require_client()
+        try:
+            config = await self._with_retries(f"configuration of {name}", lambda: client.get_model_config(name))
+        except (ModelError, InvalidInput, TypeError):
+            # A KServe v2 server without Triton's model_configuration extension. (tritonclient raises
+            # TypeError when such a server's 404 body is not v2's {"error": "..."}, as earlier cnclip servers did.)
+            return MAX_ITEMS_PER_REQUEST
+        max_batch = config.get("max_batch_size") if isinstance(config, dict) else None
+        if isinstance(max_batch, int) and max_batch > 0:
+            return min(max_batch, MAX_ITEMS_PER_REQUEST)
+        return MAX_ITEMS_PER_REQUEST
 
     async def _with_retries(
-        self, what: str, call: Callable[[], Awaitable[T]], rejected: type[InvalidInput] = InvalidInput
+        self,
+        what: str,
+        call: Callable[[], Awaitable[T]],
+        rejected: type[InvalidInput] = InvalidInput,
+        model_may_vanish: bool = False,
     ) -> T:
         """Retry connection errors and 5xx answers with exponential backoff; map the rest to project errors.
 
         `rejected` is the error for a 400 answer: the request's content is at fault (e.g. a corrupt image).
+        `model_may_vanish`: the model was there at start-up, so "unknown model" / "not ready" means it is
+        being unloaded or reloaded: retried, then EncoderUnavailable, never a configuration error.
         """
         attempt = 0
         started = time.perf_counter()
@@ -258,9 +292,13 @@ class TritonEncoder:
             except InferenceServerException as exc:
                 status = int(exc.status()) if (exc.status() or "").isdigit() else 0
                 message = exc.message() or str(exc)
-                if status < 500:
+                if model_may_vanish and _model_gone(status, message):
+                    cause = f"Triton server at {self.address} has no ready model for the {what} ({status}: {message})"
+                elif status < 500:
                     raise _client_error(status, message, what, self.address, rejected) from None
-                cause = f"Triton server at {self.address} failed the {what} with {status}: {message}"
+                else:
+                    cause = f"Triton server at {self.address} failed the {what} with {status}: {message}"
+
             if attempt >= self.retries:
                 elapsed = time.perf_counter() - started
                 raise EncoderUnavailable(f"{cause}; gave up after {attempt + 1} attempts in {elapsed:.1f} s")
@@ -273,6 +311,12 @@ class TritonEncoder:
         if self._client is None:
             raise EncoderUnavailable("remote encoder is not started (call start() first)")
         return self._client
+
+
+def _model_gone(status: int, message: str) -> bool:
+    """Triton's answers for a model that is not loaded (404, or 400 on older servers) or not ready yet."""
+    lowered = message.lower()
+    return status == 404 or "unknown model" in lowered or "not ready" in lowered or "no available versions" in lowered
 
 
 def _client_error(status: int, message: str, what: str, address: str, rejected: type[InvalidInput]) -> Exception:

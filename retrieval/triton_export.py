@@ -14,6 +14,11 @@ Backends:
 - `onnxruntime`: one batch-dynamic graph per tower (the bucket graphs with their batch dimension
   relaxed, checked numerically against the bucket graph), `max_batch_size` and Triton's
   `dynamic_batching` with our buckets as preferred sizes.
+- `python`: the same batch-dynamic graphs and batching, run by a Python-backend model
+  (`retrieval/triton_onnx_model.py`, copied as `1/model.py`) with ONNX Runtime: CPU, CUDA or CANN,
+  whatever the onnxruntime in Triton's Python environment has. For a Triton without the onnxruntime
+  backend (the `nvidia-pytriton` build the tests run, or an Ascend host where that backend has no
+  CANN build). Float inputs are FP32 in the config and cast to the graph's type inside.
 - `npu_ge` (Ascend ge-backend, the seed's deployment): the fixed-shape graph of one bucket with
   `static_model` — the seed's 2.6× step — so no dynamic batching (a static graph has one batch
   size; `max_batch_size: 0` and full shapes), plus `ge.aicoreNum` (core locking per stream) and
@@ -35,7 +40,8 @@ import onnx
 from retrieval.errors import InvalidInput, ModelError
 from retrieval.manifest import ModelManifest
 
-Backend = Literal["onnxruntime", "npu_ge"]
+Backend = Literal["onnxruntime", "python", "npu_ge"]
+BACKENDS: tuple[str, ...] = ("onnxruntime", "python", "npu_ge")
 TEXT_MODEL, IMAGE_MODEL, PREPROCESS_MODEL, ENSEMBLE_MODEL = (
     "cnclip_text",
     "cnclip_image",
@@ -51,6 +57,7 @@ _TRITON_TYPES = {
     onnx.TensorProto.INT32: "TYPE_INT32",
 }
 PREPROCESS_SOURCE = Path(__file__).with_name("triton_preprocess.py")
+TOWER_SOURCE = Path(__file__).with_name("triton_onnx_model.py")  # the python backend's tower model
 
 
 @dataclass(frozen=True)
@@ -64,7 +71,7 @@ class Symbol:
 class ExportOptions:
     backend: Backend = "onnxruntime"
     instances: int = 1
-    max_batch: int | None = None  # onnxruntime: max_batch_size; npu_ge: the static bucket
+    max_batch: int | None = None  # onnxruntime/python: max_batch_size; npu_ge: the static bucket
     aicore: str | None = None  # npu_ge "cube|vector" cores per stream, e.g. "12|10"
     device_ids: tuple[int, ...] = ()
     precision: str | None = None  # default: fp16 for npu_ge when present, else fp32
@@ -295,15 +302,24 @@ def _tower_config(
     options: ExportOptions, batch: int, buckets: list[int],
 ) -> dict[str, Any]:  # fmt: skip
     config: dict[str, Any] = {"name": name, "backend": options.backend}
-    if options.backend == "onnxruntime":
+    if options.backend in ("onnxruntime", "python"):
         config["max_batch_size"] = batch
         config["input"] = [{"name": input_name, "data_type": Symbol(input_type), "dims": input_dims}]
         config["output"] = [{"name": output_name, "data_type": Symbol("TYPE_FP32"), "dims": [dim]}]
-        config["instance_group"] = _instance_group(options, None)  # KIND_AUTO: the GPUs when there are any
+        if options.backend == "onnxruntime":
+            config["instance_group"] = _instance_group(options, None)  # KIND_AUTO: the GPUs when there are any
+        else:
+            # The model picks its provider itself (see triton_onnx_model.py); Triton has no NPU kind.
+            config["instance_group"] = [{"count": options.instances, "kind": Symbol("KIND_CPU")}]
         config["dynamic_batching"] = {
             "preferred_batch_size": [b for b in buckets if 1 < b <= batch] or [batch],
             "max_queue_delay_microseconds": options.queue_delay_us,
         }
+        if options.backend == "python":
+            params = {"provider": "auto", "intra_op_threads": "0"}
+            if options.device_ids:
+                params["device_ids"] = ",".join(map(str, options.device_ids))
+            config["parameters"] = _parameters(params)
         return config
     # npu_ge with static_model: one fixed batch, so full shapes and no Triton batching at all.
     config["max_batch_size"] = 0
@@ -321,8 +337,8 @@ def _tower_config(
 
 
 def _batching(options: ExportOptions) -> bool:
-    """Whether the image pipeline batches in Triton: yes for onnxruntime; a static npu_ge graph cannot."""
-    return options.backend == "onnxruntime"
+    """Whether the image pipeline batches in Triton: yes for onnxruntime and python; a static npu_ge graph cannot."""
+    return options.backend in ("onnxruntime", "python")
 
 
 def _preprocess_config(manifest: ModelManifest, options: ExportOptions, batch: int) -> dict[str, Any]:
@@ -387,6 +403,8 @@ def _ensemble_config(manifest: ModelManifest, options: ExportOptions, batch: int
 
 
 def _check_options(manifest: ModelManifest, options: ExportOptions) -> str:
+    if options.backend not in BACKENDS:
+        raise InvalidInput(f"--backend must be one of {', '.join(BACKENDS)}, got '{options.backend}'")
     if options.instances < 1:
         raise InvalidInput("--instances must be at least 1")
     if options.aicore is not None:
@@ -446,6 +464,8 @@ def _write_models(
         tensor_type = graph.graph.input[0].type.tensor_type
         input_dims = [d.dim_value for d in tensor_type.shape.dim][1:]
         input_type = _TRITON_TYPES.get(tensor_type.elem_type)
+        if options.backend == "python" and input_type == "TYPE_FP16":
+            input_type = "TYPE_FP32"  # the model casts; the ensemble's preprocess step gives FP32
         if input_type is None:
             raise ModelError(f"{tower} graph input has an element type Triton configs here do not cover")
         version_dir = staging / name / "1"
@@ -455,6 +475,8 @@ def _write_models(
         onnx.save_model(
             graph, str(version_dir / "model.onnx"), save_as_external_data=external, location="model.onnx.data"
         )
+        if options.backend == "python":
+            shutil.copyfile(TOWER_SOURCE, version_dir / "model.py")
         config = _tower_config(
             name, input_name, input_type, input_dims, output_name, manifest.embed_dim, options, batch, buckets
         )

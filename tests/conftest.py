@@ -36,3 +36,13 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
 
     with fresh_schema() as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def python_repo(toy_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The toy model exported with `--backend python --max-batch 16`: what the real Triton serves."""
+    from retrieval.triton_export import ExportOptions, export_triton_repository
+
+    out = tmp_path_factory.mktemp("triton-python") / "repo"
+    export_triton_repository(toy_model_dir, out, ExportOptions(backend="python", max_batch=16, queue_delay_us=2000))
+    return out

@@ -69,8 +69,12 @@ class ServerThread:
         self.url = f"127.0.0.1:{self.port}"
         config = uvicorn.Config(app, log_level="warning", lifespan="on", timeout_graceful_shutdown=1)
         self.server = uvicorn.Server(config)
-        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)
+        self.thread = threading.Thread(target=lambda: asyncio.run(self._serve()), daemon=True)
         self.loop: asyncio.AbstractEventLoop | None = None
+
+    async def _serve(self) -> None:
+        self.loop = asyncio.get_running_loop()  # where the app's encoder lives (any app, not only v2_app)
+        await self.server.serve(sockets=[self.sock])
 
     def __enter__(self) -> ServerThread:
         self.thread.start()
@@ -79,7 +83,6 @@ class ServerThread:
             if not self.thread.is_alive() or time.monotonic() > deadline:
                 raise RuntimeError("the test server did not start")
             time.sleep(0.02)
-        self.loop = self.app.state.loop
         return self
 
     def call(self, coro: Coroutine[Any, Any, T], timeout: float = 60) -> T:

@@ -67,7 +67,8 @@ def test_model_metadata_reports_the_manifest_shapes(client: triton_http.Inferenc
     image = client.get_model_metadata("cnclip_image")
     assert image["inputs"] == [{"name": "image", "datatype": "FP32", "shape": [-1, 3, 224, 224]}]
     image_bytes = client.get_model_metadata("cnclip_image_bytes", model_version="1")
-    assert image_bytes["inputs"] == [{"name": "image_bytes", "datatype": "BYTES", "shape": [-1]}]
+    # One file per row, [-1, 1], as the exported Triton ensemble; [n] is accepted too.
+    assert image_bytes["inputs"] == [{"name": "image_bytes", "datatype": "BYTES", "shape": [-1, 1]}]
     assert image_bytes["outputs"] == [{"name": "image_features", "datatype": "FP32", "shape": [-1, 32]}]
     for model in ("cnclip_text", "cnclip_image", "cnclip_image_bytes"):
         assert client.is_model_ready(model)
@@ -182,12 +183,13 @@ def test_json_response_without_binary_extension(server: ServerThread) -> None:
     assert output["shape"] == [1, 32] and len(output["data"]) == 32
 
 
-def test_not_ready_encoder_answers_503(v2_settings: Settings) -> None:
+def test_not_ready_encoder_answers_like_triton(v2_settings: Settings) -> None:
     app = v2_app(local_encoder(v2_settings))
     unready = TestClient(app)  # without `with`, the lifespan never starts the encoder
     assert unready.get("/v2/health/live").status_code == 200
-    assert unready.get("/v2/health/ready").status_code == 503
-    assert unready.get("/v2/models/cnclip_text/ready").status_code == 503
+    # Triton answers 400 (empty body) while not ready; inference answers 503, which clients retry.
+    assert unready.get("/v2/health/ready").status_code == 400
+    assert unready.get("/v2/models/cnclip_text/ready").status_code == 400
     response = unready.post("/v2/models/cnclip_text/infer", json={"inputs": []})
     assert response.status_code == 503
     assert response.json() == {"error": "model 'cnclip_text' is not ready"}

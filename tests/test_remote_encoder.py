@@ -279,3 +279,53 @@ def test_a_static_remote_model_gets_padded_batches(remote_settings: Settings) ->
     assert text.shape == (11, 32) and image.shape == (3, 32)
     np.testing.assert_allclose(text, expected_text, atol=1e-6)
     np.testing.assert_allclose(image, expected_image, atol=1e-6)
+
+
+class OutageEncoder(FlakyEncoder):
+    """Serves `healthy_calls` image batches, then answers 503 until `healed` is set."""
+
+    def __init__(self, inner: Any, healthy_calls: int) -> None:
+        super().__init__(inner)
+        self.healthy_calls, self.healed = healthy_calls, False
+
+    async def _gate(self) -> None:
+        self.calls += 1
+        if self.calls > self.healthy_calls and not self.healed:
+            raise EncoderUnavailable("simulated outage")
+
+
+def test_an_outage_mid_index_ends_the_run_and_a_rerun_resumes(remote_settings: Settings, tmp_path: Path) -> None:
+    """The index run stops with one error line when the remote encoder gives up (it used to hang with
+    batches in flight), keeps what it committed, and the same command resumes once the server is back."""
+    from indexer.db import create_db_engine
+    from tests.indexer_helpers import cli_env, start_cli, write_images
+
+    folder = tmp_path / "photos"
+    write_images(folder, 24)
+    database = f"sqlite:///{tmp_path / 'data' / 'catalog.db'}"
+    outage = OutageEncoder(local_encoder(remote_settings), healthy_calls=3)
+    with ServerThread(v2_app(outage)) as server:
+        env = cli_env(tmp_path / "data", database, remote_settings.model_dir, CNCLIP_INDEX_BATCH_SIZE="2")
+        env.update(CNCLIP_ENCODER=f"triton://{server.url}", CNCLIP_ENCODER_RETRIES="1", CNCLIP_PRECISION="fp32")
+        first = start_cli(["index", str(folder), "--collection", "photos"], env)
+        try:
+            output, _ = first.communicate(timeout=60)
+        finally:
+            first.kill()  # no-op when it ended; a hung run must not outlive the test
+        assert first.returncode == 1, output
+        assert "failed the cnclip_image_bytes inference with 503: simulated outage" in output
+        assert "Traceback" not in output and "never retrieved" not in output
+        engine = create_db_engine(database)
+        with engine.connect() as connection:
+            kept = int(connection.exec_driver_sql("SELECT count(*) FROM items").scalar() or 0)
+        engine.dispose()
+        assert 0 < kept < 24
+
+        outage.healed = True
+        rerun = start_cli(["index", str(folder), "--collection", "photos"], env)
+        try:
+            output, _ = rerun.communicate(timeout=60)
+        finally:
+            rerun.kill()
+    assert rerun.returncode == 0, output
+    assert f"indexed {24 - kept} new" in output and f"unchanged {kept}" in output, output

@@ -12,7 +12,7 @@ import schemathesis
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, settings
 from pydantic import SecretStr
-from schemathesis.checks import positive_data_acceptance
+from schemathesis.checks import not_a_server_error, positive_data_acceptance
 
 from api.app import create_app
 from api.config import Settings
@@ -55,6 +55,13 @@ def test_every_operation_keeps_its_contract(case: schemathesis.Case) -> None:
         # build" or "a collection of the kind these items are": such requests are schema-valid, and
         # refusing them (422) is right. Every other check still runs on these operations.
         excluded.append(positive_data_acceptance)
+    if case.path.startswith("/v2/models/{name}"):
+        # Any string is a schema-valid model name; for one this server does not serve, Triton answers
+        # 400 (ready, stats) or 404, and so do we (tests/test_real_triton.py compares the two).
+        excluded.append(positive_data_acceptance)
+    if case.path.startswith("/v2/repository/models/"):
+        # Always 503, as a Triton without explicit model control answers load/unload: documented, not a bug.
+        excluded.append(not_a_server_error)
     case.call_and_validate(headers=AUTH, excluded_checks=excluded)
 
 

@@ -299,6 +299,8 @@ def test_bad_options_are_refused(toy_model_dir: Path, repo: Path, tmp_path: Path
         export_triton_repository(toy_model_dir, tmp_path / "a", ExportOptions(precision="fp16"))
     with pytest.raises(InvalidInput, match="exists and is not empty; pass --force"):
         export_triton_repository(toy_model_dir, repo, ExportOptions())
+    with pytest.raises(InvalidInput, match="--backend must be one of onnxruntime, python, npu_ge"):
+        export_triton_repository(toy_model_dir, tmp_path / "a", ExportOptions(backend="tensorrt"))  # type: ignore[arg-type]
     assert not (tmp_path / "a").exists() and not list(tmp_path.glob(".a.partial"))
 
 
@@ -342,3 +344,99 @@ def test_cnclip_architecture_graphs_become_batch_dynamic(tmp_path: Path) -> None
         exported = session(tmp_path / "repo" / name / "1" / "model.onnx")
         np.testing.assert_allclose(exported.run(None, {tower: x})[0], expected, atol=1e-4)
         np.testing.assert_allclose(exported.run(None, {tower: x[:2]})[0], expected[:2], atol=1e-4)
+
+
+def test_python_backend_configs_parse_and_batch(python_repo: Path) -> None:
+    """`--backend python`: the towers as Python-backend models next to the batch-dynamic graphs."""
+    configs = {name: parse_config(python_repo / name / "config.pbtxt") for name in MODELS}
+    for name, dims in (("cnclip_text", [52]), ("cnclip_image", [3, 224, 224])):
+        config = configs[name]
+        assert (config.backend, config.max_batch_size) == ("python", 16)
+        assert list(config.input[0].dims) == dims and list(config.output[0].dims) == [32]
+        assert config.input[0].data_type == (
+            model_config_pb2.TYPE_INT64 if name == "cnclip_text" else model_config_pb2.TYPE_FP32
+        )
+        assert list(config.dynamic_batching.preferred_batch_size) == [4, 8, 16]
+        assert config.instance_group[0].kind == model_config_pb2.ModelInstanceGroup.KIND_CPU
+        assert {k: v.string_value for k, v in config.parameters.items()} == {
+            "provider": "auto",
+            "intra_op_threads": "0",
+        }
+        assert {"model.onnx", "model.py"} <= {p.name for p in (python_repo / name / "1").iterdir()}
+    assert configs["preprocess"].max_batch_size == 16 and configs["cnclip_image_bytes"].max_batch_size == 16
+
+
+def test_python_tower_model_runs_all_requests_as_one_batch(
+    python_repo: Path, toy_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pb = fake_python_backend(monkeypatch)
+    module = load_by_path("exported_tower", python_repo / "cnclip_text" / "1" / "model.py")
+    model = module.TritonPythonModel()
+    config = json_format.MessageToDict(
+        parse_config(python_repo / "cnclip_text" / "config.pbtxt"), preserving_proto_field_name=True
+    )
+    args = {
+        "model_config": json.dumps(config),
+        "model_repository": str(python_repo / "cnclip_text"),
+        "model_version": "1",
+        "model_name": "cnclip_text",
+        "model_instance_kind": "CPU",
+        "model_instance_name": "cnclip_text_0_0",
+    }
+    model.initialize(args)
+    assert model.provider == "cpu"
+    calls = []
+    run = model.session.run
+    model.session.run = lambda *a, **k: calls.append(a[1]["text"].shape) or run(*a, **k)
+    ids = tokenize(["一只猫", "汽车", "海边的日落", "城市夜景", "书"])
+    requests = [
+        {"text": pb.Tensor("text", ids[:2])},
+        {"text": pb.Tensor("text", ids[2:3])},
+        {"text": pb.Tensor("text", ids[3:])},
+    ]
+    responses = model.execute(requests)
+    assert calls == [(5, 52)]  # one session run for the three requests Triton's batcher handed over
+    single = session(ModelManifest.load(toy_model_dir).graph_path("text", "fp32", 1))
+    expected = np.concatenate([single.run(None, {"text": ids[i : i + 1]})[0] for i in range(5)])
+    got = np.concatenate([r.output_tensors[0].as_numpy() for r in responses])
+    assert [r.output_tensors[0].as_numpy().shape[0] for r in responses] == [2, 1, 2]
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+
+    model.session.run = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("device lost"))
+    failed = model.execute(requests[:2])
+    assert [r.error.message for r in failed] == ["RuntimeError: device lost"] * 2
+
+
+def test_python_tower_model_chooses_its_provider() -> None:
+    module = load_by_path("tower_providers", Path(__file__).parent.parent / "retrieval" / "triton_onnx_model.py")
+    cpu_only = ["CPUExecutionProvider"]
+    with_cuda = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+    assert module.choose_provider("auto", cpu_only, "CPU")[0] == "cpu"
+    assert module.choose_provider("auto", with_cuda, "GPU")[0] == "cuda"
+    assert module.choose_provider("auto", with_cuda, "CPU")[0] == "cpu"  # a CPU instance stays on the CPU
+    assert module.choose_provider("cuda", with_cuda, "CPU")[0] == "cuda"
+    with pytest.raises(ValueError, match="no CANNExecutionProvider"):
+        module.choose_provider("cann", cpu_only, "CPU")
+    with pytest.raises(ValueError, match="unknown provider"):
+        module.choose_provider("tpu", cpu_only, "CPU")
+
+
+def test_cli_exports_the_python_backend(toy_model_dir: Path, tmp_path: Path) -> None:
+    out = tmp_path / "repo"
+    args = [
+        "export-triton",
+        "--model",
+        str(toy_model_dir),
+        "--out",
+        str(out),
+        "--backend",
+        "python",
+        "--max-batch",
+        "8",
+    ]
+    result = CliRunner().invoke(build_cli(), args)
+    assert result.exit_code == 0, result.output
+    assert "text   max_batch_size 8" in result.output
+    assert parse_config(out / "cnclip_text" / "config.pbtxt").backend == "python"
+    wrong = CliRunner().invoke(build_cli(), [*args[:-4], "--backend", "tensorrt"])
+    assert wrong.exit_code == 2 and "--backend must be one of onnxruntime, python, npu_ge" in wrong.output

@@ -1,0 +1,43 @@
+"""CLI commands of this package (see api/cli.py): `cnclip worker`."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+DEFAULT_PORT = 8001  # next to `cnclip serve`'s 8000, so that both run on one host without flags
+
+
+def register(app: typer.Typer) -> None:
+    """Add this package's commands to the `cnclip` app."""
+
+    @app.command()
+    def worker(
+        host: Annotated[str | None, typer.Option(help="Address to bind (default: CNCLIP_HOST, 127.0.0.1).")] = None,
+        port: Annotated[int, typer.Option(help="Port to bind.")] = DEFAULT_PORT,
+        log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+    ) -> None:
+        """Serve only the model: the KServe v2 / Triton protocol (/v2), /healthz, /readyz, /metrics.
+        API nodes embed through it with CNCLIP_ENCODER=triton://HOST:PORT."""
+        import uvicorn
+
+        from api.config import Settings
+        from api.serve_cli import configure_logging, exit_on_bad_model
+        from api.worker import create_worker_app
+
+        settings = Settings()
+        if host is not None:
+            settings = settings.model_copy(update={"host": host})
+        exit_on_bad_model(settings.model_copy(update={"encoder": "local"}))  # the worker always runs the model
+        configure_logging(log_level)
+        typer.echo(f"cnclip worker: model {settings.model_dir}, /v2 on http://{settings.host}:{port}")
+        uvicorn.run(
+            create_worker_app(settings),
+            host=settings.host,
+            port=port,
+            log_level=log_level,
+            workers=1,  # one process owns the model; its batcher merges concurrent requests
+            timeout_graceful_shutdown=10,
+            timeout_keep_alive=30,  # longer than clients' idle pools (see `cnclip serve`)
+        )
