@@ -41,6 +41,7 @@ def test_missing_and_corrupt_index_files_are_rebuilt(tmp_path, database_url, cap
     raw = bytearray(path.read_bytes())
     raw[len(raw) // 2] ^= 0xFF  # one flipped byte: the checksum catches it
     path.write_bytes(bytes(raw))
+    caplog.clear()  # only what the step below logs
     with caplog.at_level(logging.INFO, logger="indexer"):
         catalog = open_test_catalog(tmp_path / "data", database_url)
     rebuilt = [r.message for r in caplog.records if "rebuilt" in r.message]
@@ -50,7 +51,7 @@ def test_missing_and_corrupt_index_files_are_rebuilt(tmp_path, database_url, cap
     catalog.close()
 
     path.unlink()
-    caplog.clear()
+    caplog.clear()  # only what the step below logs
     with caplog.at_level(logging.INFO, logger="indexer"):
         catalog = open_test_catalog(tmp_path / "data", database_url)
     assert len([r for r in caplog.records if "rebuilt" in r.message]) == 1
@@ -66,6 +67,7 @@ def test_stale_index_is_caught_up_after_a_crash(tmp_path, database_url, caplog) 
     catalog.delete(ids[:5])  # deleted in SQL, still in the saved FAISS file
     leftover = index_file(catalog, "c").with_name("1.faiss.tmp-999999-1")
     leftover.write_bytes(b"half a file")  # a save killed before its rename
+    caplog.clear()  # only what the step below logs
     with caplog.at_level(logging.INFO, logger="indexer"):
         catalog = reopen(catalog, tmp_path, database_url)
     lines = [r.message for r in caplog.records if r.name == "indexer.sync"]
@@ -76,7 +78,7 @@ def test_stale_index_is_caught_up_after_a_crash(tmp_path, database_url, caplog) 
     assert hit.id == more[3] and hit.score == pytest.approx(1.0, abs=1e-5)
     catalog.close()
 
-    caplog.clear()
+    caplog.clear()  # only what the step below logs
     with caplog.at_level(logging.INFO, logger="indexer"):
         catalog = open_test_catalog(tmp_path / "data", database_url)
     assert not [r for r in caplog.records if r.name == "indexer.sync"]  # consistent: nothing to say
@@ -89,6 +91,7 @@ def test_ivf_is_trained_when_large_enough_and_reranks_exactly(tmp_path, database
     ids, vectors = fill(catalog, "c", 150, factory="IVF4,Flat")
     index = faiss_index(catalog, "c")
     assert index.active == "Flat"  # too small to train yet
+    caplog.clear()  # only what the step below logs
     with caplog.at_level(logging.INFO, logger="indexer"):
         more, more_vectors = fill(catalog, "c", 100, seed=1, factory="IVF4,Flat")
     assert index.active == "IVF4,Flat" and any("trained IVF4,Flat" in r.message for r in caplog.records)
@@ -174,6 +177,7 @@ def test_ids_held_twice_are_held_once_after_a_reconcile(tmp_path, database_url, 
     sync = catalog.store("c")
     sync.store.index.index.add_with_ids(vectors[:2], np.array(ids[:2], dtype=np.int64))  # a replayed write
     assert len(sync.store.ids()) == 12
+    caplog.clear()  # only what the step below logs
     with caplog.at_level(logging.INFO, logger="indexer"), sync.lock:
         sync.reconcile()
     assert sorted(sync.store.ids()) == ids and sync.store.count() == 10

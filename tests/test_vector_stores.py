@@ -209,6 +209,8 @@ def test_reconcile_repairs_missing_extra_and_emptied_stores(tmp_path, database_u
     assert store.count() == 39
     catalog.close()
 
+    caplog.clear()  # only what the step below logs
+
     with caplog.at_level(logging.INFO, logger="indexer.sync"):
         catalog = open_store(tmp_path, database_url, engine)
     lines = sync_lines(caplog)
@@ -221,6 +223,7 @@ def test_reconcile_repairs_missing_extra_and_emptied_stores(tmp_path, database_u
     catalog.close()
 
     caplog.clear()
+    caplog.clear()  # only what the step below logs
     with caplog.at_level(logging.INFO, logger="indexer.sync"):
         catalog = open_store(tmp_path, database_url, engine)
     lines = sync_lines(caplog)
@@ -229,6 +232,7 @@ def test_reconcile_repairs_missing_extra_and_emptied_stores(tmp_path, database_u
     catalog.close()
 
     caplog.clear()
+    caplog.clear()  # only what the step below logs
     with caplog.at_level(logging.INFO, logger="indexer.sync"):
         catalog = open_store(tmp_path, database_url, engine)
     assert sync_lines(caplog) == []  # consistent: nothing to say
