@@ -24,14 +24,8 @@ unknown routes (404) and methods (405) included.
 
 from __future__ import annotations
 
-import base64
-import binascii
 import json
-import math
-import struct
 import time
-import zlib
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as dist_version
@@ -40,77 +34,29 @@ from typing import Any
 import numpy as np
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ValidationError
 from starlette.routing import Match
 
 from api.deps import require_read_key
-from api.errors import UnsupportedEncoding, allowed_methods, http_status, public_message, retry_headers
+from api.errors import allowed_methods, http_status, public_message, retry_headers
+from api.kserve_tensors import (
+    HEADER_LENGTH,
+    MAX_BATCH,
+    MODEL_VERSION,
+    MODELS,
+    BadRequest,
+    ServedModel,
+    accepted,
+    decode_input,
+    encode_response,
+    read_body,
+    split_body,
+    wants_binary_output,
+)
 from retrieval.errors import CnclipError, InvalidInput, NotFound, PayloadTooLarge
 
-HEADER_LENGTH = "Inference-Header-Content-Length"
-MODEL_VERSION = "1"
-MAX_BATCH = 256  # items per request (the config's max_batch_size); the batcher splits them into buckets
-MAX_BODY_BYTES = 64 * 1024 * 1024
-# cn_clip's vocab.txt has 21128 entries; ids outside it would make the embedding Gather fail inside ONNX Runtime.
-VOCAB_SIZE = 21128
 PLATFORM = "cnclip"  # metadata `platform` and config `backend`: our batcher and ONNX Runtime sessions
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "statistics", "parameters"]
-
-_NUMPY_DTYPES: dict[str, np.dtype[Any]] = {"INT64": np.dtype("<i8"), "FP32": np.dtype("<f4")}
 _CONFIG_TYPES = {"INT64": "TYPE_INT64", "FP32": "TYPE_FP32", "BYTES": "TYPE_STRING"}
-
-
-@dataclass(frozen=True)
-class ServedModel:
-    name: str
-    input_name: str
-    datatype: str  # of the input; every output is FP32
-    output_name: str
-    tower: str
-
-    def input_dims(self, encoder: Any) -> list[int]:
-        """The input shape after the batch dimension."""
-        if self.datatype == "INT64":
-            return [int(encoder.context_length)]
-        if self.datatype == "FP32":
-            return [3, int(encoder.image_size), int(encoder.image_size)]
-        return [1]  # one file per row, as Triton's batching ensemble takes it
-
-
-MODELS = {
-    m.name: m
-    for m in (
-        ServedModel("cnclip_text", "text", "INT64", "text_features", "text"),
-        ServedModel("cnclip_image", "image", "FP32", "image_features", "image"),
-        ServedModel("cnclip_image_bytes", "image_bytes", "BYTES", "image_features", "image"),
-    )
-}
-
-
-class RequestInput(BaseModel):
-    name: str
-    shape: list[int]
-    datatype: str
-    parameters: dict[str, Any] | None = None
-    data: list[Any] | None = None
-
-
-class RequestOutput(BaseModel):
-    name: str
-    parameters: dict[str, Any] | None = None
-
-
-class InferRequest(BaseModel):
-    id: str | None = None
-    parameters: dict[str, Any] | None = None
-    inputs: list[RequestInput]
-    outputs: list[RequestOutput] | None = None
-
-
-class BadRequest(InvalidInput):
-    """A request that breaks the v2 protocol or a model's input contract (400, like every InvalidInput here)."""
-
-    code = "bad_request"
 
 
 router = APIRouter(prefix="/v2", tags=["kserve-v2"])
@@ -234,10 +180,10 @@ async def infer(request: Request) -> Response:
         encoder = _encoder(request)
         if encoder is None or not encoder.ready:
             return v2_error(503, f"model '{name}' is not ready")
-        body = await _read_body(request)
-        infer_request, binary = _split_body(body, request.headers.get(HEADER_LENGTH))
-        batch = _decode_input(model, infer_request, binary, encoder)
-        binary_output = _wants_binary_output(model, infer_request)
+        body = await read_body(request)
+        infer_request, binary = split_body(body, request.headers.get(HEADER_LENGTH))
+        batch = decode_input(model, infer_request, binary, encoder)
+        binary_output = wants_binary_output(model, infer_request)
         decoded = time.perf_counter_ns()
         if model.datatype == "INT64":
             features = await encoder.embed_token_ids(batch)
@@ -246,8 +192,8 @@ async def infer(request: Request) -> Response:
         else:
             features = await encoder.embed_images(batch)
         inferred = time.perf_counter_ns()
-        response = _encode_response(
-            model, infer_request, np.asarray(features, dtype=np.float32), binary_output, _accepted(request)
+        response = encode_response(
+            model, infer_request, np.asarray(features, dtype=np.float32), binary_output, accepted(request)
         )
     except CnclipError as exc:
         stats.add("fail", time.perf_counter_ns() - started)
@@ -453,7 +399,7 @@ async def repository_index(request: Request) -> Response:
     """The models and their state; `{"ready": true}` lists only the ready ones."""
     try:
         await require_read_key(request)
-        body = await _read_body(request)
+        body = await read_body(request)
         options = json.loads(body) if body.strip() else {}
         if not isinstance(options, dict):
             raise BadRequest("the repository index request must be a JSON object")
@@ -495,206 +441,3 @@ async def not_found(request: Request, path: str = "") -> Response:
             allowed = ", ".join(allowed_methods(request.app, request.url.path))
             return v2_error(405, "Method Not Allowed", {"Allow": allowed} if allowed else None)
     return v2_error(404, "Not Found")
-
-
-# --- request and response bodies ----------------------------------------------------------------------
-
-
-async def _read_body(request: Request) -> bytes:
-    """The request body, decompressed when it came with `Content-Encoding: gzip` or `deflate`."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of {MAX_BODY_BYTES}")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise PayloadTooLarge(f"request body exceeds the limit of {MAX_BODY_BYTES} bytes")
-        chunks.append(chunk)
-    return _decompress(b"".join(chunks), request.headers.get("content-encoding"))
-
-
-def _decompress(body: bytes, encoding: str | None) -> bytes:
-    """gzip or deflate (zlib, as tritonclient sends it; raw deflate too), capped at MAX_BODY_BYTES
-    after decompression so that a small compressed body cannot expand without limit."""
-    encoding = (encoding or "identity").strip().lower()
-    if encoding == "identity":
-        return body
-    if encoding not in ("gzip", "x-gzip", "deflate"):
-        raise UnsupportedEncoding(f"Unsupported compression type '{encoding}' (gzip and deflate are supported)")
-    attempts = [zlib.MAX_WBITS | 16] if encoding != "deflate" else [zlib.MAX_WBITS, -zlib.MAX_WBITS]
-    for wbits in attempts:
-        inflater = zlib.decompressobj(wbits)
-        try:
-            data = inflater.decompress(body, MAX_BODY_BYTES + 1)
-        except zlib.error:
-            continue
-        if len(data) > MAX_BODY_BYTES or inflater.unconsumed_tail:
-            raise PayloadTooLarge(f"the decompressed request body exceeds the limit of {MAX_BODY_BYTES} bytes")
-        if not inflater.eof:
-            raise BadRequest(f"the {encoding} request body is truncated")
-        return data
-    raise BadRequest(f"the request body is not valid {encoding} data")
-
-
-def _accepted(request: Request) -> str | None:
-    """The response compression the client accepts (`Accept-Encoding`), gzip or deflate, in its order."""
-    for part in request.headers.get("accept-encoding", "").split(","):
-        name, _, params = part.strip().lower().partition(";")
-        if name in ("gzip", "deflate") and params.replace(" ", "") not in ("q=0", "q=0.0", "q=0.00", "q=0.000"):
-            return name
-    return None
-
-
-def _split_body(body: bytes, header_length: str | None) -> tuple[InferRequest, bytes]:
-    """The JSON header and the binary tensor data that follows it (empty for pure JSON)."""
-    if header_length is None:
-        json_part, binary = body, b""
-    else:
-        if not header_length.isdigit() or int(header_length) > len(body):
-            raise BadRequest(f"{HEADER_LENGTH} is '{header_length}' but the body has {len(body)} bytes")
-        json_part, binary = body[: int(header_length)], body[int(header_length) :]
-    try:
-        return InferRequest.model_validate_json(json_part), binary
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first.get("loc", ()))
-        raise BadRequest(f"malformed inference request: {where}: {first.get('msg')}".replace(": :", ":")) from None
-
-
-def _decode_input(model: ServedModel, req: InferRequest, binary: bytes, encoder: Any) -> Any:
-    """Check the one input against the model and return it as the encoder takes it."""
-    if len(req.inputs) != 1 or req.inputs[0].name != model.input_name:
-        names = [i.name for i in req.inputs]
-        raise BadRequest(f"model '{model.name}' takes exactly one input '{model.input_name}', got {names}")
-    tensor = req.inputs[0]
-    if tensor.datatype != model.datatype:
-        raise BadRequest(
-            f"input '{tensor.name}' must be {model.datatype}, got {tensor.datatype} (model '{model.name}')"
-        )
-    shape = tensor.shape
-    dims = model.input_dims(encoder)
-    bytes_shapes_ok = model.datatype == "BYTES" and len(shape) in (1, 2) and shape[1:] in ([], [1])
-    if not (bytes_shapes_ok or (len(shape) == 1 + len(dims) and shape[1:] == dims)) or any(s < 0 for s in shape):
-        raise BadRequest(f"input '{tensor.name}' has shape {shape}; model '{model.name}' expects {[-1, *dims]}")
-    n = shape[0]
-    if not 1 <= n <= MAX_BATCH:
-        raise BadRequest(f"batch of {n} items; this server takes 1 to {MAX_BATCH} per request")
-    count = math.prod(shape)
-    segment = _binary_segment(tensor, binary)
-    if model.datatype == "BYTES":
-        items = _deserialize_bytes(segment) if segment is not None else _base64_items(tensor.data)
-        if len(items) != count:
-            raise BadRequest(f"input '{tensor.name}' has {len(items)} elements, its shape {shape} needs {count}")
-        return items
-    dtype = _NUMPY_DTYPES[model.datatype]
-    if segment is not None:
-        if len(segment) != count * dtype.itemsize:
-            raise BadRequest(
-                f"input '{tensor.name}' has {len(segment)} bytes of binary data; shape {shape} of "
-                f"{model.datatype} needs {count * dtype.itemsize}"
-            )
-        array = np.frombuffer(segment, dtype=dtype).reshape(shape)
-    else:
-        flat = _flatten(tensor.data if tensor.data is not None else [])
-        if len(flat) != count:
-            raise BadRequest(f"input '{tensor.name}' has {len(flat)} elements, its shape {shape} needs {count}")
-        try:
-            array = np.asarray(flat, dtype=dtype).reshape(shape)
-        except (TypeError, ValueError) as exc:
-            raise BadRequest(f"input '{tensor.name}' holds values that are not {model.datatype}") from exc
-    if model.datatype == "INT64" and array.size and (array.min() < 0 or array.max() >= VOCAB_SIZE):
-        raise BadRequest(f"token ids must lie in [0, {VOCAB_SIZE}); got {array.min()}..{array.max()}")
-    if model.datatype == "FP32" and not np.isfinite(array).all():
-        raise BadRequest(f"input '{tensor.name}' contains NaN or infinity")
-    return np.ascontiguousarray(array)
-
-
-def _binary_segment(tensor: RequestInput, binary: bytes) -> bytes | None:
-    """The input's slice of the binary section, or None when it came as JSON `data`."""
-    size = (tensor.parameters or {}).get("binary_data_size")
-    if size is None:
-        if tensor.data is None:
-            raise BadRequest(f"input '{tensor.name}' has neither 'data' nor 'binary_data_size'")
-        return None
-    if not isinstance(size, int) or size < 0 or size != len(binary):
-        # One input per model, so its binary data is the whole binary section.
-        raise BadRequest(f"input '{tensor.name}' declares {size} bytes of binary data, the body carries {len(binary)}")
-    return binary
-
-
-def _deserialize_bytes(buffer: bytes) -> list[bytes]:
-    """Triton's BYTES serialisation: each element is a little-endian uint32 length then its bytes."""
-    items, offset = [], 0
-    while offset < len(buffer):
-        if offset + 4 > len(buffer):
-            raise BadRequest("BYTES tensor data is truncated inside an element length")
-        (length,) = struct.unpack_from("<I", buffer, offset)
-        offset += 4
-        if offset + length > len(buffer):
-            raise BadRequest("BYTES tensor data is truncated inside an element")
-        items.append(buffer[offset : offset + length])
-        offset += length
-    return items
-
-
-def _base64_items(data: list[Any] | None) -> list[bytes]:
-    items = []
-    for value in _flatten(data or []):
-        if not isinstance(value, str):
-            raise BadRequest("JSON elements of a BYTES input must be base64 strings of the image files")
-        try:
-            items.append(base64.b64decode(value, validate=True))
-        except binascii.Error as exc:
-            raise BadRequest("a JSON element of the BYTES input is not valid base64") from exc
-    return items
-
-
-def _flatten(data: Iterable[Any]) -> list[Any]:
-    out: list[Any] = []
-    for value in data:
-        if isinstance(value, list):
-            out.extend(_flatten(value))
-        else:
-            out.append(value)
-    return out
-
-
-def _wants_binary_output(model: ServedModel, req: InferRequest) -> bool:
-    default = bool((req.parameters or {}).get("binary_data_output", False))
-    if not req.outputs:
-        return default
-    for output in req.outputs:
-        if output.name != model.output_name:
-            raise BadRequest(f"model '{model.name}' has no output '{output.name}' (it has '{model.output_name}')")
-    return bool((req.outputs[0].parameters or {}).get("binary_data", default))
-
-
-def _encode_response(
-    model: ServedModel, req: InferRequest, features: np.ndarray, binary: bool, compression: str | None = None
-) -> Response:
-    output: dict[str, Any] = {"name": model.output_name, "datatype": "FP32", "shape": list(features.shape)}
-    raw = b""
-    if binary:
-        raw = features.astype("<f4", copy=False).tobytes()
-        output["parameters"] = {"binary_data_size": len(raw)}
-    else:
-        output["data"] = features.ravel().tolist()
-    body: dict[str, Any] = {"model_name": model.name, "model_version": MODEL_VERSION, "outputs": [output]}
-    if req.id is not None:
-        body["id"] = req.id
-    header = json.dumps(body, separators=(",", ":")).encode()
-    headers: dict[str, str] = {}
-    if binary:
-        headers[HEADER_LENGTH] = str(len(header))  # of the uncompressed JSON, as Triton sends it
-    content = header + raw
-    if compression == "gzip":
-        compressor = zlib.compressobj(6, zlib.DEFLATED, zlib.MAX_WBITS | 16)
-        content = compressor.compress(content) + compressor.flush()
-        headers["Content-Encoding"] = "gzip"
-    elif compression == "deflate":
-        content = zlib.compress(content, 6)
-        headers["Content-Encoding"] = "deflate"
-    media_type = "application/octet-stream" if binary else "application/json"
-    return Response(content, media_type=media_type, headers=headers)

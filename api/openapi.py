@@ -203,7 +203,7 @@ def document_errors(schema: dict[str, Any]) -> dict[str, Any]:
         schemas.pop(unused, None)
     schemas["Error"] = ERROR_SCHEMA
     schemas["V2Error"] = V2_ERROR_SCHEMA
-    from api.kserve import InferRequest  # the /v2 infer body, parsed by hand in the route
+    from api.kserve_tensors import InferRequest  # the /v2 infer body, parsed by hand in the route
 
     schemas.update(InferRequest.model_json_schema(ref_template="#/components/schemas/{model}").pop("$defs", {}))
     schemas["InferRequest"] = InferRequest.model_json_schema(ref_template="#/components/schemas/{model}")

@@ -81,6 +81,6 @@ def create_worker_app(settings: Settings, encoder: Encoder | None = None) -> Fas
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     app.include_router(kserve.router)
-    # /v2 caps and reads its own bodies (api/kserve.py MAX_BODY_BYTES); metrics time every request.
+    # /v2 caps and reads its own bodies (api/kserve_tensors.py MAX_BODY_BYTES); metrics time every request.
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     return app
