@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import os
 import time
@@ -26,12 +25,11 @@ from typing import Literal
 
 import numpy as np
 
+from indexer.reading import PreparedFile, read_file, read_taken
 from indexer.service import CollectionService
-from indexer.sources import SourceEntry, load_entries, looks_like_image
-from indexer.taken import Taken, taken_of
+from indexer.sources import SourceEntry, load_entries
 from indexer.types import FileState, NewImage, TakenSource
 from retrieval.errors import InvalidImage, NotFound
-from retrieval.preprocess import probe_image
 from retrieval.types import Encoder
 
 log = logging.getLogger(__name__)
@@ -66,20 +64,6 @@ class IndexSummary:
     @property
     def done(self) -> int:
         return self.added + self.changed + self.renamed + self.skipped + len(self.failures)
-
-
-@dataclass
-class _Prepared:
-    entry: SourceEntry
-    data: bytes
-    sha256: str
-    mime: str
-    width: int
-    height: int
-    size: int
-    mtime: float
-    replaces: int | None  # the row of this path's previous content
-    taken: Taken
 
 
 ProgressCallback = Callable[[IndexSummary], None]
@@ -189,7 +173,7 @@ class ImageIndexer:
         with ThreadPoolExecutor(self.read_threads, thread_name_prefix="cnclip-date") as pool:
             dated = [
                 (states[str(entry.path)].id, *taken)
-                for entry, taken in zip(self.undated, pool.map(_read_taken, self.undated), strict=True)
+                for entry, taken in zip(self.undated, pool.map(read_taken, self.undated), strict=True)
                 if taken is not None and str(entry.path) in states
             ]
         for start in range(0, len(dated), chunk):
@@ -203,15 +187,15 @@ class ImageIndexer:
     # --- stages ------------------------------------------------------------------------------
     async def _read(
         self, todo: list[tuple[SourceEntry, FileState | None]], summary: IndexSummary, stop: asyncio.Event
-    ) -> AsyncIterator[_Prepared]:
+    ) -> AsyncIterator[PreparedFile]:
         """Files read and probed by the reader threads, in order, a bounded window ahead."""
         window = max(self.batch_size * 2, self.read_threads * 4)
         with ThreadPoolExecutor(self.read_threads, thread_name_prefix="cnclip-read") as pool:
-            pending: deque[Future[_Prepared | tuple[str, str] | None]] = deque()
+            pending: deque[Future[PreparedFile | tuple[str, str] | None]] = deque()
             position = 0
             while position < len(todo) or pending:
                 while position < len(todo) and len(pending) < window and not stop.is_set():
-                    pending.append(pool.submit(_read_file, *todo[position]))
+                    pending.append(pool.submit(read_file, *todo[position]))
                     position += 1
                 if not pending:
                     break
@@ -227,7 +211,7 @@ class ImageIndexer:
                 else:
                     yield result
 
-    async def _embed(self, batch: list[_Prepared], summary: IndexSummary) -> tuple[list[_Prepared], np.ndarray]:
+    async def _embed(self, batch: list[PreparedFile], summary: IndexSummary) -> tuple[list[PreparedFile], np.ndarray]:
         """Vectors for a batch; when the encoder refuses one image, the others are embedded alone."""
         try:
             return batch, await self.encoder.embed_images([p.data for p in batch])
@@ -252,15 +236,15 @@ class ImageIndexer:
         deleted = self.catalog.remembered_deletions(self.collection)
         queue: asyncio.Queue[tuple[str, object] | None] = asyncio.Queue(maxsize=self.inflight)
 
-        embeddings: set[asyncio.Task[tuple[list[_Prepared], np.ndarray]]] = set()  # in flight, not yet committed
+        embeddings: set[asyncio.Task[tuple[list[PreparedFile], np.ndarray]]] = set()  # in flight, not yet committed
 
-        def embed(batch: list[_Prepared]) -> asyncio.Task[tuple[list[_Prepared], np.ndarray]]:
+        def embed(batch: list[PreparedFile]) -> asyncio.Task[tuple[list[PreparedFile], np.ndarray]]:
             task = asyncio.create_task(self._embed(batch, summary))
             embeddings.add(task)
             return task
 
         async def produce() -> None:
-            batch: list[_Prepared] = []
+            batch: list[PreparedFile] = []
             pending_shas: set[str] = set()
             try:
                 async for prepared in self._read(todo, summary, stop):
@@ -309,7 +293,7 @@ class ImageIndexer:
 
     def _route(
         self,
-        prepared: _Prepared,
+        prepared: PreparedFile,
         contents: dict[str, tuple[int, str | None]],
         deleted: set[str],
         pending_shas: set[str],
@@ -341,7 +325,7 @@ class ImageIndexer:
 
     def _known_content(
         self,
-        prepared: _Prepared,
+        prepared: PreparedFile,
         known: tuple[int, str | None] | None,
         contents: dict[str, tuple[int, str | None]],
         summary: IndexSummary,
@@ -373,7 +357,7 @@ class ImageIndexer:
         if deletes:
             self.catalog.delete(deletes, reason="replaced")
 
-    def _commit(self, batch: list[_Prepared], vectors: np.ndarray, summary: IndexSummary) -> None:
+    def _commit(self, batch: list[PreparedFile], vectors: np.ndarray, summary: IndexSummary) -> None:
         if not batch:
             return
         images = [
@@ -401,30 +385,3 @@ class ImageIndexer:
         summary.duplicates += sum(1 for r in results if not r.created)
         summary.changed += sum(1 for r, old in zip(results, replaces, strict=True) if r.created and old is not None)
         summary.added += sum(1 for r, old in zip(results, replaces, strict=True) if r.created and old is None)
-
-
-def _read_file(entry: SourceEntry, state: FileState | None) -> _Prepared | tuple[str, str] | None:
-    """Read, hash and probe one file (reader thread). None: not an image; (path, reason): a bad file."""
-    try:
-        stat = entry.path.stat()
-        data = entry.path.read_bytes()
-    except OSError as exc:
-        return str(entry.path), f"cannot read: {exc.strerror or exc}"
-    try:
-        mime, width, height = probe_image(data)
-    except InvalidImage as exc:
-        if entry.listed or looks_like_image(entry.path, data[:16]):
-            return str(entry.path), exc.message
-        return None
-    sha = hashlib.sha256(data).hexdigest()
-    replaces = state.id if state is not None and state.sha256 != sha else None
-    taken = taken_of(data, stat.st_mtime)
-    return _Prepared(entry, data, sha, mime, width, height, len(data), stat.st_mtime, replaces, taken)
-
-
-def _read_taken(entry: SourceEntry) -> Taken | None:
-    """The date of a file already indexed (the backfill); None when it cannot be read now."""
-    try:
-        return taken_of(entry.path.read_bytes(), entry.path.stat().st_mtime)
-    except OSError:
-        return None

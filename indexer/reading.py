@@ -1,0 +1,55 @@
+"""The reader stage of `cnclip index`: read, hash, probe and date one file (in reader threads)."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+
+from indexer.sources import SourceEntry, looks_like_image
+from indexer.taken import Taken, taken_of
+from indexer.types import FileState
+from retrieval.errors import InvalidImage
+from retrieval.preprocess import probe_image
+
+
+@dataclass
+class PreparedFile:
+    """One file read, hashed, probed and dated by a reader thread, ready to embed."""
+
+    entry: SourceEntry
+    data: bytes
+    sha256: str
+    mime: str
+    width: int
+    height: int
+    size: int
+    mtime: float
+    replaces: int | None  # the row of this path's previous content
+    taken: Taken
+
+
+def read_file(entry: SourceEntry, state: FileState | None) -> PreparedFile | tuple[str, str] | None:
+    """Read, hash and probe one file (reader thread). None: not an image; (path, reason): a bad file."""
+    try:
+        stat = entry.path.stat()
+        data = entry.path.read_bytes()
+    except OSError as exc:
+        return str(entry.path), f"cannot read: {exc.strerror or exc}"
+    try:
+        mime, width, height = probe_image(data)
+    except InvalidImage as exc:
+        if entry.listed or looks_like_image(entry.path, data[:16]):
+            return str(entry.path), exc.message
+        return None
+    sha = hashlib.sha256(data).hexdigest()
+    replaces = state.id if state is not None and state.sha256 != sha else None
+    taken = taken_of(data, stat.st_mtime)
+    return PreparedFile(entry, data, sha, mime, width, height, len(data), stat.st_mtime, replaces, taken)
+
+
+def read_taken(entry: SourceEntry) -> Taken | None:
+    """The date of a file already indexed (the backfill); None when it cannot be read now."""
+    try:
+        return taken_of(entry.path.read_bytes(), entry.path.stat().st_mtime)
+    except OSError:
+        return None
