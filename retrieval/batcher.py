@@ -5,7 +5,9 @@ largest bucket or the oldest row has waited `max_delay_s` (it does not wait at a
 in flight: an idle encoder gains nothing by waiting), takes an idle stream, and cuts a batch:
 a full largest bucket, or the rows present if they fill a bucket exactly, or otherwise either
 the next-smaller exact bucket or padding up to the next bucket, whichever wastes fewer rows.
-Padding rows copy a real row and are dropped before anything is returned.
+Padding rows copy a real row and are dropped before anything is returned. Text requests come cut
+to their length bucket (see `retrieval/text_lengths.py`); a batch mixing lengths runs at its longest,
+the shorter rows zero-padded (padding is masked, so their vectors do not change).
 
 Guarantees: every request's future is resolved (vectors, or an exception with the cause); a full
 queue raises `Overloaded` at once; rows of a cancelled request are dropped before inference; a
@@ -66,6 +68,20 @@ def choose_batch(available: int, buckets: Sequence[int]) -> tuple[int, int]:
     if not below or up - available <= available - below[-1]:
         return available, up
     return below[-1], below[-1]
+
+
+def assemble(parts: Sequence[np.ndarray], padding_rows: int) -> np.ndarray:
+    """One batch input from the pieces' rows plus `padding_rows` copies of the first row.
+
+    2-D (token id) pieces of different widths are zero-padded to the widest: 0 is the padding token."""
+    if parts[0].ndim == 2:
+        width = max(part.shape[1] for part in parts)
+        parts = [
+            part if part.shape[1] == width else np.pad(part, ((0, 0), (0, width - part.shape[1]))) for part in parts
+        ]
+    if padding_rows:
+        parts = [*parts, np.repeat(parts[0][:1], padding_rows, axis=0)]
+    return np.ascontiguousarray(np.concatenate(parts))
 
 
 def l2_normalise(vectors: np.ndarray) -> np.ndarray:
@@ -234,10 +250,8 @@ class DynamicBatcher:
         queue_s = started - min(r.enqueued for r, _, _ in batch.pieces)
         timings = {"queue": queue_s, "preprocess": sum(r.preprocess_s for r, s, _ in batch.pieces if s == 0)}
         try:
-            parts = [r.inputs[a:b] for r, a, b in batch.pieces]
-            if batch.bucket > batch.rows:  # pad with copies of a real row: always a valid input
-                parts.append(np.repeat(parts[0][:1], batch.bucket - batch.rows, axis=0))
-            batch_input = np.ascontiguousarray(np.concatenate(parts))
+            # Padded with copies of a real row: always a valid input.
+            batch_input = assemble([r.inputs[a:b] for r, a, b in batch.pieces], batch.bucket - batch.rows)
             loop = asyncio.get_running_loop()
             vectors, timings["inference"], post_s = await loop.run_in_executor(
                 stream.executor, self._infer, stream, batch_input, batch.rows

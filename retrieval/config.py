@@ -43,6 +43,11 @@ class RuntimeSettings(BaseSettings):
         default_factory=lambda: [1, 4, 8, 16, 32],
         description="Batch sizes compiled at start-up; requests are padded to the nearest bucket.",
     )
+    text_lengths: list[int] = Field(
+        default_factory=list,
+        description="Text length buckets to load (tokens, e.g. `[16,52]`); empty = every length the model has. "
+        "A text runs in the shortest that holds it.",
+    )
     streams: int = Field(1, ge=1, le=64, description="Parallel inference sessions per tower.")
     threads_per_stream: int = Field(
         0, ge=0, description="intra_op threads of each CPU session; 0 = cores divided by streams."
@@ -83,6 +88,13 @@ class RuntimeSettings(BaseSettings):
     data_dir: Path = Field(
         default_factory=default_data_dir, description="Where the SQLite file, FAISS indexes and media live."
     )
+
+    @field_validator("text_lengths")
+    @classmethod
+    def _sorted_text_lengths(cls, value: list[int]) -> list[int]:
+        if any(n < 2 for n in value):
+            raise ValueError("text lengths must be at least 2 tokens ([CLS] and [SEP])")
+        return sorted(set(value))
 
     @field_validator("buckets")
     @classmethod

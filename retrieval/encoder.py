@@ -23,6 +23,7 @@ from retrieval.manifest import ModelManifest
 from retrieval.preprocess import preprocess_image
 from retrieval.providers import ProviderChoice, SessionConfig, choose_precision, choose_provider, cpu_thread_plan
 from retrieval.sessions import BucketedSession, OrtSession, SessionFactory, Stream, StreamPool
+from retrieval.text_lengths import split_by_length
 from retrieval.tokenizer import default_tokenizer
 from retrieval.types import TOWERS, Encoder, EncoderObserver
 
@@ -57,6 +58,7 @@ class LocalEncoder:
         self.provider: ProviderChoice | None = None
         self.precision: dict[str, str] = {}
         self.buckets: dict[str, list[int]] = {}
+        self.text_lengths: list[int] = [self.context_length]  # length buckets, ascending; the last is the full one
         self._session_factory = session_factory
         self._choose_provider = provider_chooser
         self._batchers: dict[str, DynamicBatcher] = {}
@@ -83,6 +85,20 @@ class LocalEncoder:
                     f"(the model directory has {have})"
                 )
             self.precision[tower], self.buckets[tower] = precision, buckets
+        self.text_lengths = self._plan_text_lengths(self.precision["text"])
+
+    def _plan_text_lengths(self, precision: str) -> list[int]:
+        have = self.manifest.text_lengths(precision)
+        wanted = self.settings.text_lengths
+        if not wanted:
+            return have
+        missing = [n for n in wanted if n not in have]
+        if missing:
+            raise ModelError(
+                f"CNCLIP_TEXT_LENGTHS asks for {missing}, but the model's text/{precision} graphs have lengths {have}"
+            )
+        # The full length always stays: it is the only graph that holds the longest texts.
+        return sorted({*wanted, self.context_length})
 
     def _open_streams(self, provider: str) -> dict[str, list[Stream]]:
         """Open and warm every session (blocking: called in a thread)."""
@@ -111,7 +127,13 @@ class LocalEncoder:
                     spin=s.streams == 1,
                 )
                 session = BucketedSession.open(
-                    self.manifest, tower, self.precision[tower], self.buckets[tower], config, self._session_factory
+                    self.manifest,
+                    tower,
+                    self.precision[tower],
+                    self.buckets[tower],
+                    config,
+                    self._session_factory,
+                    lengths=self.text_lengths if tower == "text" else (),
                 )
                 stream = Stream(index, session, cores, pin=s.pin_threads and provider == "cpu")
                 # Warm up in the stream's own (pinned) thread, as it will run.
@@ -143,7 +165,8 @@ class LocalEncoder:
         self._preprocess_pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="preprocess")
         self._ready = True
         log.info(
-            "encoder %s ready in %.1fs: provider %s (%s); precision text=%s image=%s; buckets %s; %d stream(s)",
+            "encoder %s ready in %.1fs: provider %s (%s); precision text=%s image=%s; buckets %s; "
+            "text lengths %s (%d text graphs warmed per stream); %d stream(s)",
             self.model_id,
             time.perf_counter() - started,
             self.provider.name,
@@ -151,6 +174,8 @@ class LocalEncoder:
             self.precision["text"],
             self.precision["image"],
             self.buckets["text"],
+            self.text_lengths,
+            len(self.buckets["text"]) * len(self.text_lengths),
             self.settings.streams,
         )
 
@@ -186,8 +211,19 @@ class LocalEncoder:
         chunks = [await batcher.submit(inputs[i : i + limit], preprocess_s) for i in range(0, len(inputs), limit)]
         return np.concatenate(chunks)
 
+    async def _submit_text(self, ids: np.ndarray, preprocess_s: float) -> np.ndarray:
+        """Token ids (n, context_length) → vectors, each row run in the shortest length bucket that holds it."""
+        groups = split_by_length(ids, self.text_lengths)
+        if len(groups) == 1:
+            return await self._submit("text", groups[0][1], preprocess_s)
+        vectors = await asyncio.gather(*(self._submit("text", group, preprocess_s) for _, group in groups))
+        out = np.empty((len(ids), self.dim), dtype=np.float32)
+        for (rows, _), group_vectors in zip(groups, vectors, strict=True):
+            out[rows] = group_vectors
+        return out
+
     async def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
-        """L2-normalised float32 (n, dim) for `texts` (cn_clip tokenization, 52 tokens)."""
+        """L2-normalised float32 (n, dim) for `texts` (cn_clip tokenization, 52 tokens at most)."""
         if isinstance(texts, str):
             raise InvalidInput("embed_texts takes a list of strings, not one string")
         if len(texts) == 0:
@@ -196,7 +232,7 @@ class LocalEncoder:
         start = time.perf_counter()
         tokenize = partial(self._tokenizer.tokenize, list(texts), self.context_length)
         ids = tokenize() if len(texts) <= _TOKENIZE_INLINE else await asyncio.to_thread(tokenize)
-        return await self._submit("text", ids, time.perf_counter() - start)
+        return await self._submit_text(ids, time.perf_counter() - start)
 
     async def embed_images(self, images: Sequence[bytes]) -> np.ndarray:
         """L2-normalised float32 (n, dim) for raw image bytes; `InvalidImage` names the bad one."""
@@ -236,7 +272,7 @@ class LocalEncoder:
             return np.zeros((0, self.dim), dtype=np.float32)
         if ids.min() < 0 or ids.max() >= self._vocab_size:
             raise InvalidInput(f"token ids must lie in [0, {self._vocab_size})")
-        return await self._submit("text", np.ascontiguousarray(ids, dtype=np.int64), 0.0)
+        return await self._submit_text(np.ascontiguousarray(ids, dtype=np.int64), 0.0)
 
     async def embed_pixels(self, pixels: np.ndarray) -> np.ndarray:
         """Vectors for preprocessed images, float32 (n, 3, R, R), through the same batcher."""

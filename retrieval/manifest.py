@@ -1,9 +1,9 @@
 """The model directory's `manifest.json`: what the runtime needs to load a converted model.
 
-Schema (format 1), documented in the README:
+Schema (format 2; format 1 is the same without "lengths"), documented in the README:
 
     {
-      "format": 1,
+      "format": 2,
       "name": "cnclip-demo",              # model id stored beside every vector
       "arch": "ViT-B-16",                 # or a custom architecture name
       "embed_dim": 512, "image_size": 224, "context_length": 52,
@@ -12,15 +12,18 @@ Schema (format 1), documented in the README:
       "towers": {
         "image": {"input": "image", "output": "image_features",
                   "graphs": {"fp32": {"1": "image.fp32.b1.onnx", "8": "..."}, "int8": {...}}},
-        "text":  {"input": "text",  "output": "text_features", "graphs": {...}}
+        "text":  {"input": "text",  "output": "text_features", "graphs": {...},
+                  "lengths": {"int8": {"16": {"1": "text.int8.b1.l16.onnx", ...}, "32": {...}}}}
       },
       "files": {"image.fp32.b1.onnx": "<sha256>", "image.fp32.data": "<sha256>", ...},
       "extra": {...}                      # free-form: source checkpoint, convert report, ...
     }
 
 Each graph has fixed shapes: image `[b, 3, R, R]` float32, text `[b, context_length]` int64, and
-outputs L2-normalised float32 `[b, embed_dim]`. Bucket graphs of one tower and precision may
-share one external-data file, so weights are stored once.
+outputs L2-normalised float32 `[b, embed_dim]`. "lengths" (format 2, text only) adds text graphs
+`[b, L]` for lengths L shorter than `context_length`, for the same batch buckets (see
+`retrieval/text_lengths.py`). Bucket graphs of one tower and precision may share one
+external-data file, so weights are stored once.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ from typing import Any
 from retrieval.errors import ModelError
 
 MANIFEST_NAME = "manifest.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READABLE_FORMATS = (1, 2)  # format 1: no text length buckets
 PRECISIONS = ("fp32", "fp16", "int8")
 CNCLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CNCLIP_STD = (0.26862954, 0.26130258, 0.27577711)
@@ -60,8 +64,10 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
 class TowerSpec:
     input_name: str
     output_name: str
-    # precision -> batch bucket -> graph file (relative to the model directory)
+    # precision -> batch bucket -> graph file (relative to the model directory), at the full input length
     graphs: dict[str, dict[int, str]]
+    # text only: precision -> shorter sequence length -> batch bucket -> graph file
+    short_graphs: dict[str, dict[int, dict[int, str]]] = field(default_factory=dict)
 
     def precisions(self) -> list[str]:
         return [p for p in PRECISIONS if p in self.graphs]
@@ -69,12 +75,29 @@ class TowerSpec:
     def buckets(self, precision: str) -> list[int]:
         return sorted(self.graphs[precision])
 
+    def short_lengths(self, precision: str) -> list[int]:
+        """The shorter sequence lengths that have a graph for every batch bucket of `precision`."""
+        full = set(self.graphs[precision])
+        return sorted(n for n, g in self.short_graphs.get(precision, {}).items() if set(g) >= full)
+
+    def graph_files(self) -> list[str]:
+        """Every graph file of this tower."""
+        names = [f for g in self.graphs.values() for f in g.values()]
+        names += [f for by_length in self.short_graphs.values() for g in by_length.values() for f in g.values()]
+        return names
+
     def to_json(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "input": self.input_name,
             "output": self.output_name,
             "graphs": {p: {str(b): f for b, f in sorted(g.items())} for p, g in self.graphs.items()},
         }
+        if self.short_graphs:
+            out["lengths"] = {
+                p: {str(n): {str(b): f for b, f in sorted(g.items())} for n, g in sorted(by_length.items())}
+                for p, by_length in self.short_graphs.items()
+            }
+        return out
 
 
 @dataclass(frozen=True)
@@ -104,14 +127,28 @@ class ModelManifest:
         listing = "\n".join(f"{name} {digest}" for name, digest in sorted(self.files.items()))
         return f"{self.name}@{hashlib.sha256(listing.encode('utf-8')).hexdigest()[:12]}"
 
-    def graph_path(self, tower: str, precision: str, bucket: int) -> Path:
+    def text_lengths(self, precision: str) -> list[int]:
+        """The text graphs' sequence lengths for `precision`, ascending; the last is `context_length`."""
+        return [*self.towers["text"].short_lengths(precision), self.context_length]
+
+    def graph_path(self, tower: str, precision: str, bucket: int, length: int | None = None) -> Path:
+        """The graph of one batch bucket; for text, `length` picks a length bucket (default: the full one)."""
         if self.directory is None:
             raise ModelError("manifest has no directory; load it with ModelManifest.load()")
-        return self.directory / self.towers[tower].graphs[precision][bucket]
+        spec = self.towers[tower]
+        if length is None or (tower == "text" and length == self.context_length):
+            return self.directory / spec.graphs[precision][bucket]
+        try:
+            return self.directory / spec.short_graphs[precision][length][bucket]
+        except KeyError:
+            raise ModelError(
+                f"the model has no {tower}/{precision} graph for batch {bucket} at length {length}"
+            ) from None
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "format": FORMAT_VERSION,
+            # Without length buckets a manifest stays format 1, readable by earlier versions too.
+            "format": FORMAT_VERSION if any(t.short_graphs for t in self.towers.values()) else 1,
             "name": self.name,
             "arch": self.arch,
             "embed_dim": self.embed_dim,
@@ -129,7 +166,7 @@ class ModelManifest:
     def save(self, directory: Path, data_files: list[str] | None = None) -> ModelManifest:
         """Hash every graph file (and listed data files) and write `manifest.json`."""
         directory = Path(directory)
-        names = {f for t in self.towers.values() for g in t.graphs.values() for f in g.values()}
+        names = {f for t in self.towers.values() for f in t.graph_files()}
         names.update(data_files or [])
         names.update(self.files)
         missing = sorted(n for n in names if not (directory / n).is_file())
@@ -163,13 +200,9 @@ class ModelManifest:
         assert self.directory is not None
         listed = set(self.files)
         for tower_name, tower in self.towers.items():
-            for precision, graphs in tower.graphs.items():
-                for bucket, name in graphs.items():
-                    if name not in listed:
-                        raise ModelError(
-                            f"{MANIFEST_NAME}: graph {name} ({tower_name}/{precision}/b{bucket}) "
-                            "has no sha256 in 'files'"
-                        )
+            for name in tower.graph_files():
+                if name not in listed:
+                    raise ModelError(f"{MANIFEST_NAME}: graph {name} ({tower_name}) has no sha256 in 'files'")
         for name, expected in self.files.items():
             file = self.directory / name
             if not file.is_file():
@@ -194,8 +227,9 @@ def _parse(raw: Any, where: Path) -> ModelManifest:
     if not isinstance(raw, dict):
         raise ModelError(f"{where}: top level must be an object")
     fmt = raw.get("format")
-    if fmt != FORMAT_VERSION:
-        raise ModelError(f"{where}: unsupported manifest format {fmt!r} (this version reads {FORMAT_VERSION})")
+    if fmt not in READABLE_FORMATS:
+        readable = " and ".join(map(str, READABLE_FORMATS))
+        raise ModelError(f"{where}: unsupported manifest format {fmt!r} (this version reads formats {readable})")
     towers_raw = _require(raw, "towers", dict, where)
     towers: dict[str, TowerSpec] = {}
     for tower in ("image", "text"):
@@ -203,20 +237,17 @@ def _parse(raw: Any, where: Path) -> ModelManifest:
             raise ModelError(f"{where}: missing tower '{tower}'")
         t = towers_raw[tower]
         graphs_raw = _require(t, "graphs", dict, where)
-        graphs: dict[str, dict[int, str]] = {}
-        for precision, buckets in graphs_raw.items():
-            if precision not in PRECISIONS:
-                raise ModelError(f"{where}: tower '{tower}' has unknown precision '{precision}'")
-            try:
-                graphs[precision] = {int(b): str(f) for b, f in buckets.items()}
-            except (AttributeError, ValueError) as exc:
-                raise ModelError(f"{where}: tower '{tower}' precision '{precision}': bad buckets") from exc
-            if not graphs[precision] or min(graphs[precision]) < 1:
-                raise ModelError(f"{where}: tower '{tower}' precision '{precision}' has no valid bucket")
+        graphs = {
+            precision: _parse_buckets(buckets, f"tower '{tower}' precision '{precision}'", where)
+            for precision, buckets in graphs_raw.items()
+        }
         if not graphs:
             raise ModelError(f"{where}: tower '{tower}' has no graphs")
         towers[tower] = TowerSpec(
-            input_name=_require(t, "input", str, where), output_name=_require(t, "output", str, where), graphs=graphs
+            input_name=_require(t, "input", str, where),
+            output_name=_require(t, "output", str, where),
+            graphs=graphs,
+            short_graphs=_parse_lengths(t.get("lengths", {}), tower, set(graphs), raw.get("context_length"), where),
         )
     mean = tuple(float(x) for x in raw.get("mean", CNCLIP_MEAN))
     std = tuple(float(x) for x in raw.get("std", CNCLIP_STD))
@@ -239,3 +270,37 @@ def _parse(raw: Any, where: Path) -> ModelManifest:
         files={str(k): str(v) for k, v in files.items()},
         extra=raw.get("extra", {}) or {},
     )
+
+
+def _parse_buckets(buckets: Any, what: str, where: Path) -> dict[int, str]:
+    try:
+        parsed = {int(b): str(f) for b, f in buckets.items()}
+    except (AttributeError, ValueError) as exc:
+        raise ModelError(f"{where}: {what}: bad buckets") from exc
+    if not parsed or min(parsed) < 1:
+        raise ModelError(f"{where}: {what} has no valid bucket")
+    return parsed
+
+
+def _parse_lengths(
+    raw: Any, tower: str, precisions: set[str], context_length: Any, where: Path
+) -> dict[str, dict[int, dict[int, str]]]:
+    """The "lengths" object of a tower (format 2): precision -> length -> batch -> file."""
+    if not raw:
+        return {}
+    if tower != "text" or not isinstance(raw, dict):
+        raise ModelError(f"{where}: only the text tower may have 'lengths', as an object")
+    parsed: dict[str, dict[int, dict[int, str]]] = {}
+    for precision, by_length in raw.items():
+        if precision not in precisions or not isinstance(by_length, dict):
+            raise ModelError(f"{where}: text 'lengths' names precision '{precision}', which has no graphs")
+        try:
+            lengths = {int(n): g for n, g in by_length.items()}
+        except ValueError as exc:
+            raise ModelError(f"{where}: text 'lengths' of '{precision}': lengths must be integers") from exc
+        for length, buckets in lengths.items():
+            if not isinstance(context_length, int) or not 2 <= length < context_length:
+                raise ModelError(f"{where}: text length {length} must lie in [2, context_length)")
+            what = f"text precision '{precision}' length {length}"
+            parsed.setdefault(precision, {})[length] = _parse_buckets(buckets, what, where)
+    return parsed

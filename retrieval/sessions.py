@@ -78,21 +78,33 @@ class OrtSession:
 SessionFactory = Callable[[Path, SessionConfig, str, str], ModelSession]
 
 
-class BucketedSession:
-    """One tower's graphs for one stream, keyed by batch bucket."""
+# A session's shape key: (batch bucket, text length bucket); None = the graph's full input length.
+ShapeKey = tuple[int, int | None]
 
-    def __init__(self, tower: str, sessions: dict[int, ModelSession]) -> None:
+
+class BucketedSession:
+    """One tower's graphs for one stream, keyed by batch bucket (and, for text, length bucket)."""
+
+    def __init__(self, tower: str, sessions: dict[int, ModelSession] | dict[ShapeKey, ModelSession]) -> None:
         if not sessions:
             raise ModelError(f"{tower}: no bucket sessions")
         self.tower = tower
-        self.sessions = dict(sorted(sessions.items()))
-        self.buckets = list(self.sessions)
+        keyed = {(k, None) if isinstance(k, int) else k: s for k, s in sessions.items()}
+        self.sessions: dict[ShapeKey, ModelSession] = dict(
+            sorted(keyed.items(), key=lambda kv: (kv[0][1] or 0, kv[0][0]))
+        )
+        self.shapes = list(self.sessions)
+        self.buckets = sorted({bucket for bucket, _ in self.shapes})
 
     def run(self, batch: np.ndarray) -> np.ndarray:
-        """Run a batch whose size is exactly one of the buckets."""
-        session = self.sessions.get(len(batch))
+        """Run a batch whose size is exactly one of the buckets (and, for text, whose width is a length bucket)."""
+        rows = len(batch)
+        session = self.sessions.get((rows, batch.shape[1])) if batch.ndim == 2 else None
+        session = session or self.sessions.get((rows, None))
         if session is None:
-            raise ModelError(f"{self.tower}: batch of {len(batch)} is not a bucket ({self.buckets})")
+            raise ModelError(
+                f"{self.tower}: batch of {rows} is not a bucket here (shape {list(batch.shape)}; graphs {self.shapes})"
+            )
         return session.run(batch)
 
     @classmethod
@@ -104,12 +116,16 @@ class BucketedSession:
         buckets: Sequence[int],
         config: SessionConfig,
         factory: SessionFactory = OrtSession,
+        lengths: Sequence[int] = (),
     ) -> BucketedSession:
+        """Open every batch bucket's graph; for text also at each of `lengths` shorter than the full one."""
         spec = manifest.towers[tower]
-        sessions = {
-            b: factory(manifest.graph_path(tower, precision, b), config, spec.input_name, spec.output_name)
-            for b in buckets
-        }
+        shorter = [n for n in lengths if n < manifest.context_length] if tower == "text" else []
+        sessions: dict[ShapeKey, ModelSession] = {}
+        for length in [None, *shorter]:
+            for b in buckets:
+                path = manifest.graph_path(tower, precision, b, length)
+                sessions[(b, length)] = factory(path, config, spec.input_name, spec.output_name)
         return cls(tower, sessions)
 
 
@@ -150,17 +166,18 @@ class Stream:
         return out, elapsed
 
     def warm_up(self, image_size: int, context_length: int) -> None:
-        """Run every bucket once (on CANN this compiles each static model); fails loudly if one cannot run."""
+        """Run every graph once (on CANN this compiles each static model); fails loudly if one cannot run."""
         errors: tuple[type[BaseException], ...] = (RuntimeError, ValueError, *ort_errors())
-        for bucket in self.session.buckets:
+        for bucket, length in self.session.shapes:
             start = time.perf_counter()
+            name = f"{self.session.tower} bucket {bucket}" + (f" length {length}" if length else "")
             try:
-                out = self.session.run(dummy_batch(self.session.tower, bucket, image_size, context_length))
+                out = self.session.run(dummy_batch(self.session.tower, bucket, image_size, length or context_length))
             except errors as exc:
-                raise ModelError(f"{self.session.tower} bucket {bucket} failed its warm-up run: {exc}") from exc
+                raise ModelError(f"{name} failed its warm-up run: {exc}") from exc
             if out.shape[0] != bucket:
-                raise ModelError(f"{self.session.tower} bucket {bucket} returned {out.shape[0]} rows")
-            log.debug("warmed %s bucket %d in %.3fs", self.session.tower, bucket, time.perf_counter() - start)
+                raise ModelError(f"{name} returned {out.shape[0]} rows")
+            log.debug("warmed %s in %.3fs", name, time.perf_counter() - start)
 
     def close(self) -> None:
         self.executor.shutdown(wait=True)

@@ -22,7 +22,7 @@ CONTEXT_LENGTH = 52
 OPSET = 17
 
 
-def _text_graph(batch: int, embedding: np.ndarray, proj: np.ndarray) -> onnx.ModelProto:
+def _text_graph(batch: int, length: int, embedding: np.ndarray, proj: np.ndarray) -> onnx.ModelProto:
     nodes = [
         helper.make_node("Gather", ["embedding", "text"], ["tok"]),  # [b, L, w]
         helper.make_node("Greater", ["text", "zero_i64"], ["nonpad"]),
@@ -36,7 +36,7 @@ def _text_graph(batch: int, embedding: np.ndarray, proj: np.ndarray) -> onnx.Mod
     graph = helper.make_graph(
         nodes,
         "toy_text",
-        [helper.make_tensor_value_info("text", TensorProto.INT64, [batch, CONTEXT_LENGTH])],
+        [helper.make_tensor_value_info("text", TensorProto.INT64, [batch, length])],
         [helper.make_tensor_value_info("text_features", TensorProto.FLOAT, [batch, proj.shape[1]])],
         initializer=[
             numpy_helper.from_array(embedding, "embedding"),
@@ -74,8 +74,12 @@ def write_toy_model(
     seed: int = 0,
     int8: bool = True,
     name: str = "toy",
+    text_lengths: tuple[int, ...] = (),
 ) -> ModelManifest:
-    """Write a complete model directory (graphs, shared weights, manifest) and return its manifest."""
+    """Write a complete model directory (graphs, shared weights, manifest) and return its manifest.
+
+    `text_lengths`: shorter text length buckets (e.g. (16, 32)) besides the full 52 tokens; the toy
+    text graph sums masked token embeddings, so its answer does not depend on the length either."""
     rng = np.random.default_rng(seed)
     width = 16
     pool = image_size // 7
@@ -85,6 +89,7 @@ def write_toy_model(
     image_proj = rng.standard_normal((cells, dim)).astype(np.float32)
 
     towers: dict[str, dict[str, dict[int, str]]] = {"image": {}, "text": {}}
+    short_text: dict[str, dict[int, dict[int, str]]] = {}
     data_files: list[str] = []
     variants = [("fp32", 1.0)] + ([("int8", 127.0)] if int8 else [])
     for precision, levels in variants:
@@ -101,7 +106,11 @@ def write_toy_model(
             for b in buckets:
                 file = f"{tower}.{precision}.b{b}.onnx"
                 if tower == "text":
-                    graphs[file] = _text_graph(b, q(embedding), q(text_proj))
+                    graphs[file] = _text_graph(b, CONTEXT_LENGTH, q(embedding), q(text_proj))
+                    for length in text_lengths:
+                        short = f"text.{precision}.b{b}.l{length}.onnx"
+                        graphs[short] = _text_graph(b, length, q(embedding), q(text_proj))
+                        short_text.setdefault(precision, {}).setdefault(length, {})[b] = short
                 else:
                     graphs[file] = _image_graph(b, image_size, pool, q(image_proj))
                 towers[tower].setdefault(precision, {})[b] = file
@@ -118,7 +127,7 @@ def write_toy_model(
         logit_scale=100.0,
         towers={
             "image": TowerSpec("image", "image_features", towers["image"]),
-            "text": TowerSpec("text", "text_features", towers["text"]),
+            "text": TowerSpec("text", "text_features", towers["text"], short_text),
         },
         extra={"source": "retrieval.toy_model", "seed": seed},
     )

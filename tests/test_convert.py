@@ -231,3 +231,38 @@ def test_parity_sentences_are_real_chinese() -> None:
     ids = tokenize(list(PARITY_SENTENCES))
     lengths = (ids != 0).sum(1)
     assert lengths.min() >= 8 and math.isclose(float((ids == 100).sum()), 0.0)  # no [UNK]
+
+
+def test_text_length_graphs_give_the_full_graphs_vectors(converted: Path) -> None:
+    """Every text that fits a length bucket gets the 52-token graph's vector (fp32 cosine ≥ 0.99999),
+    at every batch bucket; the graphs take [b, L] and the ids are the tokenizer's, cut after padding."""
+    manifest = ModelManifest.load(converted)
+    assert manifest.text_lengths("fp32") == [16, 32, 52]  # `cnclip convert`'s default --text-lengths
+    texts = ["猫", "a", *PARITY_SENTENCES, "一张清晰的" + PARITY_SENTENCES[0] + "的照片", "长" * 60]
+    ids = tokenize(texts)
+    used = (ids != 0).sum(axis=1)
+
+    def vectors(path: Path, rows: np.ndarray, bucket: int) -> np.ndarray:
+        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        padded = np.concatenate([rows, np.repeat(rows[:1], -len(rows) % bucket, axis=0)])
+        out = np.concatenate(
+            [session.run(None, {"text": padded[i : i + bucket]})[0] for i in range(0, len(padded), bucket)]
+        )
+        return out[: len(rows)]
+
+    full = vectors(manifest.graph_path("text", "fp32", 1), ids, 1)
+    for length in (16, 32):
+        fits = used <= length
+        assert 0 < fits.sum() < len(texts)  # some texts fit, some do not
+        for bucket in BUCKETS:
+            path = manifest.graph_path("text", "fp32", bucket, length)
+            graph = onnx.load(str(path), load_external_data=False)
+            assert [d.dim_value for d in graph.graph.input[0].type.tensor_type.shape.dim] == [bucket, length]
+            got = vectors(path, ids[fits, :length], bucket)
+            assert ((got * full[fits]).sum(axis=1) >= 0.99999).all(), (length, bucket)
+    report = json.loads((converted / REPORT_NAME).read_text())
+    assert {(r["tower"], r["precision"], r["length"]) for r in report["parity"] if r["tower"] == "text"} >= {
+        ("text", "fp32", 16),
+        ("text", "fp32", 32),
+        ("text", "fp32", None),
+    }

@@ -47,6 +47,10 @@ def convert(
         typer.Option(help="Wrap Chinese-CLIP exporter graphs PREFIX.img.fp16.onnx / PREFIX.txt.fp32.onnx / ..."),
     ] = None,
     buckets: Annotated[str, typer.Option(help="Batch sizes, one fixed-shape graph each.")] = "1,4,8,16,32",
+    text_lengths: Annotated[
+        str,
+        typer.Option(help="Text sequence lengths, a text graph per length and batch; 52 is always made."),
+    ] = "16,32,52",
     precision: Annotated[str, typer.Option(help="Comma-separated: fp32, fp16, int8.")] = "fp32,fp16,int8",
     name: Annotated[str | None, typer.Option(help="Model name in the manifest (default cnclip-<arch>).")] = None,
     logit_scale: Annotated[
@@ -63,6 +67,7 @@ def convert(
     console = Console()
     try:
         bucket_list = _int_list(buckets, "--buckets")
+        length_list = _int_list(text_lengths, "--text-lengths")
         precisions = [p.strip() for p in precision.split(",") if p.strip()]
         if from_cnclip_onnx:
             from retrieval.convert.cnclip_onnx import wrap_cnclip_onnx
@@ -79,7 +84,7 @@ def convert(
                 )
         else:
             manifest, report = _convert_checkpoint(
-                console, out, arch, config, checkpoint, random_init, bucket_list, precisions, name, seed
+                console, out, arch, config, checkpoint, random_init, bucket_list, precisions, name, seed, length_list
             )
     except CnclipError as exc:
         raise _fail(console, exc) from exc
@@ -98,6 +103,7 @@ def _convert_checkpoint(
     precisions: list[str],
     name: str | None,
     seed: int,
+    text_lengths: list[int],
 ):  # type: ignore[no-untyped-def]
     import torch
 
@@ -133,7 +139,15 @@ def _convert_checkpoint(
     source = {"checkpoint": checkpoint.name if checkpoint else None, "random_init": random_init}
     with console.status("converting") as status:
         return convert_model(
-            model, out, arch_name, buckets, precisions, name=name, source=source, progress=status.update
+            model,
+            out,
+            arch_name,
+            buckets,
+            precisions,
+            name=name,
+            source=source,
+            progress=status.update,
+            text_lengths=text_lengths,
         )
 
 

@@ -1,10 +1,11 @@
 """Export one tower of a `CLIP` to a fixed-shape ONNX graph (seed steps 1 and 2).
 
-Each graph takes `image` float32 [b, 3, R, R] or `text` int64 [b, 52] and returns the tower's
-unnormalised features (`RAW_OUTPUT_NAMES`); the pipeline appends the float32 L2 normalisation that
-produces `image_features` / `text_features` after choosing the precision. No scalar `logit_scale`
-output: it goes into the manifest. Every bucket is exported at its own batch size, so every shape in the graph is a
-constant and the simplifier can fold all shape arithmetic away.
+Each graph takes `image` float32 [b, 3, R, R] or `text` int64 [b, L] (L = 52, or a shorter length
+bucket) and returns the tower's unnormalised features (`RAW_OUTPUT_NAMES`); the pipeline appends
+the float32 L2 normalisation that produces `image_features` / `text_features` after choosing the
+precision. No scalar `logit_scale` output: it goes into the manifest. Every bucket is exported at
+its own batch size (and length), so every shape in the graph is a constant and the simplifier can
+fold all shape arithmetic away.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ class ImageTower(nn.Module):
 
 
 class TextTower(nn.Module):
-    """`text` int64 [b, 52] → unnormalised text features [b, d]."""
+    """`text` int64 [b, L] (L = 52 or a shorter length bucket) → unnormalised text features [b, d]."""
 
     def __init__(self, model: CLIP) -> None:
         super().__init__()
@@ -54,17 +55,19 @@ def tower_module(model: CLIP, tower: str) -> nn.Module:
     return (ImageTower if tower == "image" else TextTower)(model).eval()
 
 
-def example_input(model: CLIP, tower: str, batch: int) -> torch.Tensor:
+def example_input(model: CLIP, tower: str, batch: int, length: int = CONTEXT_LENGTH) -> torch.Tensor:
     if tower == "image":
         r = model.image_resolution
         return torch.zeros(batch, 3, r, r, dtype=torch.float32)
-    ids = torch.zeros(batch, CONTEXT_LENGTH, dtype=torch.int64)
+    ids = torch.zeros(batch, length, dtype=torch.int64)
     ids[:, 0], ids[:, 1] = 101, 102  # [CLS] [SEP]
     return ids
 
 
-def export_tower(model: CLIP, tower: str, batch: int, opset: int = OPSET) -> onnx.ModelProto:
-    """The raw (unsimplified) graph of `tower` at batch size `batch`, weights included."""
+def export_tower(
+    model: CLIP, tower: str, batch: int, opset: int = OPSET, length: int = CONTEXT_LENGTH
+) -> onnx.ModelProto:
+    """The raw (unsimplified) graph of `tower` at batch size `batch` (text: `length` tokens), weights included."""
     if tower not in TOWERS:
         raise ValueError(f"unknown tower {tower!r}")
     module = tower_module(model, tower)
@@ -76,7 +79,7 @@ def export_tower(model: CLIP, tower: str, batch: int, opset: int = OPSET) -> onn
             try:
                 torch.onnx.export(
                     module,
-                    (example_input(model, tower, batch),),
+                    (example_input(model, tower, batch, length),),
                     str(path),
                     input_names=[INPUT_NAMES[tower]],
                     output_names=[RAW_OUTPUT_NAMES[tower]],

@@ -61,6 +61,12 @@ class TowerParity:
     mean_cosine: float
     threshold: float | None
     passed: bool
+    length: int | None = None  # text length bucket; None = the full input
+
+    @property
+    def key(self) -> str:
+        """ "text/int8" or, for a length bucket, "text/int8/l16"."""
+        return f"{self.tower}/{self.precision}" + (f"/l{self.length}" if self.length else "")
 
     def to_json(self) -> dict[str, object]:
         return asdict(self)
@@ -76,11 +82,11 @@ def sample_images(count: int, resolution: int, seed: int = 0) -> np.ndarray:
     return ((pixels - mean) / std).numpy().astype(np.float32)
 
 
-def sample_texts() -> np.ndarray:
-    """The parity sentences as cn_clip token ids, int64 [n, 52]."""
+def sample_texts(length: int = 52) -> np.ndarray:
+    """The parity sentences as cn_clip token ids, int64 [n, length] (cut to `length` tokens)."""
     from retrieval.tokenizer import tokenize
 
-    return tokenize(list(PARITY_SENTENCES))
+    return tokenize(list(PARITY_SENTENCES), length)
 
 
 def torch_features(model: CLIP, tower: str, inputs: np.ndarray, batch: int = 8) -> np.ndarray:
@@ -136,7 +142,9 @@ def topk_overlap(
     return float(np.mean([len(set(r) & set(t)) / k for r, t in zip(ref_top, top, strict=True)]))
 
 
-def tower_parity(tower: str, precision: str, per_bucket: dict[int, np.ndarray], reference: np.ndarray) -> TowerParity:
+def tower_parity(
+    tower: str, precision: str, per_bucket: dict[int, np.ndarray], reference: np.ndarray, length: int | None = None
+) -> TowerParity:
     """Compare each bucket's features with the reference; apply the precision's threshold."""
     cos = np.concatenate([cosines(features, reference) for features in per_bucket.values()])
     threshold = THRESHOLDS.get(precision)
@@ -150,6 +158,7 @@ def tower_parity(tower: str, precision: str, per_bucket: dict[int, np.ndarray], 
         mean_cosine=float(cos.mean()),
         threshold=threshold,
         passed=threshold is None or min_cos >= threshold,
+        length=length,
     )
 
 
@@ -158,7 +167,8 @@ def enforce(results: list[TowerParity]) -> None:
     failed = [r for r in results if not r.passed]
     if failed:
         lines = [
-            f"{r.tower} {r.precision}: min cosine {r.min_cosine:.6f} < {r.threshold} (buckets {r.buckets})"
+            f"{r.tower} {r.precision}{f' length {r.length}' if r.length else ''}: "
+            f"min cosine {r.min_cosine:.6f} < {r.threshold} (buckets {r.buckets})"
             for r in failed
         ]
         raise ModelError(

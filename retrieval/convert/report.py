@@ -86,7 +86,7 @@ class ConvertReport:
                 parity.add_column(col)
             for r in self.parity:
                 parity.add_row(
-                    r["tower"],
+                    r["tower"] + (f" l{r['length']}" if r.get("length") else ""),
                     r["precision"],
                     ",".join(map(str, r["buckets"])),
                     f"{r['min_cosine']:.6f}",

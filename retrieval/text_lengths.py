@@ -1,0 +1,66 @@
+"""Text length buckets: the seed's static graphs in shape buckets ("分档静态图"), applied to sequence length.
+
+Token ids come from the tokenizer zero-padded to the model's full context length (52). Most queries
+are far shorter ("穿红色裙子的女孩" is 10 tokens with [CLS] and [SEP]), and a text graph's cost
+grows with its length, so a model directory may carry text graphs at shorter lengths too (16, 32
+and 52 by default, see `cnclip convert --text-lengths`). A row runs in the shortest graph that
+holds all its tokens.
+
+Cutting the padding off is exact: padding (id 0) is masked out of attention, and every position
+a real token sees is the same in a shorter graph. So a row's vector does not depend on the length
+it ran at (the converter's parity gate and the tests check it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from retrieval.errors import ModelError
+
+PAD_ID = 0
+
+
+def used_lengths(ids: np.ndarray) -> np.ndarray:
+    """Per row, the number of leading positions that hold anything but padding (last non-zero + 1)."""
+    ids = np.asarray(ids)
+    if ids.ndim != 2:
+        raise ValueError(f"token ids must be 2-D (rows, length), got shape {ids.shape}")
+    if ids.shape[1] == 0:
+        return np.zeros(len(ids), dtype=np.int64)
+    nonzero = ids != PAD_ID
+    last = ids.shape[1] - np.argmax(nonzero[:, ::-1], axis=1)
+    return np.where(nonzero.any(axis=1), last, 0).astype(np.int64)
+
+
+def shortest_length(used: int, lengths: Sequence[int]) -> int:
+    """The smallest of `lengths` (sorted ascending) that holds `used` tokens."""
+    for length in lengths:
+        if length >= used:
+            return length
+    raise ModelError(f"{used} tokens do not fit the longest text graph ({lengths[-1]})")
+
+
+def split_by_length(ids: np.ndarray, lengths: Sequence[int]) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Group rows by the shortest length that holds them: [(row indices, ids cut to that length)].
+
+    Groups come shortest first; each group's ids are a contiguous int64 array of shape (k, length).
+    """
+    used = used_lengths(ids)
+    chosen = np.array([shortest_length(int(u), lengths) for u in used], dtype=np.int64)
+    groups = []
+    for length in sorted(set(chosen.tolist())):
+        rows = np.flatnonzero(chosen == length)
+        groups.append((rows, np.ascontiguousarray(ids[rows, :length], dtype=np.int64)))
+    return groups
+
+
+def parse_lengths(values: Sequence[int], context_length: int) -> list[int]:
+    """Sorted, distinct lengths between 2 ([CLS] and [SEP]) and `context_length`, which is always included."""
+    bad = [v for v in values if not 2 <= v <= context_length]
+    if bad:
+        raise ModelError(
+            f"text lengths must lie between 2 and the context length {context_length}; got {', '.join(map(str, bad))}"
+        )
+    return sorted({*values, context_length})
