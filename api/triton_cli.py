@@ -69,9 +69,9 @@ def register(app: typer.Typer) -> None:
         except CnclipError as exc:
             typer.echo(f"error: {exc.message}", err=True)
             raise typer.Exit(1) from None
-        for tower, batch in report.batch.items():
+        for model_name, batch in report.batch.items():
             kind = "static batch" if backend == "npu_ge" else "max_batch_size"
-            typer.echo(f"{tower:5s}  {kind} {batch}  (from bucket graph b{report.source_bucket[tower]})")
+            typer.echo(f"{model_name:16s}  {kind} {batch}  (from bucket graph b{report.source_bucket[model_name]})")
         typer.echo(f"wrote {', '.join(report.models)} to {report.repository}")
         typer.echo(f"serve it with: tritonserver --model-repository {report.repository}")
         needs = "numpy, Pillow and onnxruntime" if backend == "python" else "numpy and Pillow"

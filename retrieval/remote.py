@@ -35,13 +35,12 @@ from tritonclient.utils import InferenceServerException
 from retrieval.config import RuntimeSettings
 from retrieval.errors import EncoderUnavailable, InvalidImage, InvalidInput, ModelError, Overloaded, PayloadTooLarge
 from retrieval.manifest import ModelManifest
+from retrieval.text_lengths import split_by_length
+from retrieval.triton_names import IMAGE_BYTES_MODEL, IMAGE_MODEL, TEXT_MODEL, is_text_model, text_model
 from retrieval.types import EncoderObserver
 
 log = logging.getLogger("cnclip.remote")
 
-TEXT_MODEL = "cnclip_text"
-IMAGE_MODEL = "cnclip_image"
-IMAGE_BYTES_MODEL = "cnclip_image_bytes"
 MAX_ITEMS_PER_REQUEST = 64  # larger batches are split and sent concurrently
 # aiohttp offers gzip/deflate by default, and Triton (and our /v2) then compress every response: CPU on
 # both ends for float vectors that hardly compress.
@@ -96,6 +95,9 @@ class TritonEncoder:
         self._inputs: dict[str, list[int]] = {}
         # Per remote model: the most items one request may carry (its config's max_batch_size, capped).
         self._max_items: dict[str, int] = {}
+        # The text length buckets the server offers (a `cnclip_text_lN` model each), ascending; the last is
+        # the full length (`cnclip_text`). Each text is sent to the shortest that holds it.
+        self.text_lengths: list[int] = [self.context_length]
         self._ready = False
 
     @property
@@ -113,13 +115,27 @@ class TritonEncoder:
                 raise EncoderUnavailable(f"Triton server at {self.address} is not live")
             ctx, size = self.context_length, self.image_size
             await self._check_model(TEXT_MODEL, "INT64", [[ctx]])
+            for length in self._manifest_text_lengths():
+                await self._check_model(text_model(length), "INT64", [[length]], required=False)
+            self.text_lengths = [n for n in self._manifest_text_lengths() if text_model(n) in self._inputs] + [ctx]
             await self._check_model(IMAGE_BYTES_MODEL, "BYTES", [[], [1]])
             await self._check_model(IMAGE_MODEL, "FP32", [[3, size, size]], required=False)
         except BaseException:
             await self.close()
             raise
         self._ready = True
-        log.info("remote encoder: Triton at %s serves %s (dim %d)", self.address, self.model_id, self.dim)
+        log.info(
+            "remote encoder: Triton at %s serves %s (dim %d); text lengths %s",
+            self.address,
+            self.model_id,
+            self.dim,
+            self.text_lengths,
+        )
+
+    def _manifest_text_lengths(self) -> list[int]:
+        """The shorter text lengths the model has at any precision: what the server may offer."""
+        spec = self.manifest.towers["text"]
+        return sorted({n for precision in spec.precisions() for n in spec.short_lengths(precision)})
 
     async def close(self) -> None:
         self._ready = False
@@ -136,8 +152,19 @@ class TritonEncoder:
         return await self.embed_token_ids(tokenize(list(texts), context_length=self.context_length))
 
     async def embed_token_ids(self, ids: np.ndarray) -> np.ndarray:
+        """Each row goes to the shortest text model the server offers that holds its tokens."""
         ids = np.ascontiguousarray(ids, dtype=np.int64)
-        return await self._embed_chunks(TEXT_MODEL, "text", "INT64", ids)
+        if len(ids) == 0:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        groups = split_by_length(ids, self.text_lengths)
+        models = [text_model(None if part.shape[1] == self.context_length else part.shape[1]) for _, part in groups]
+        vectors = await asyncio.gather(
+            *(self._embed_chunks(model, "text", "INT64", part) for model, (_, part) in zip(models, groups, strict=True))
+        )
+        out = np.empty((len(ids), self.dim), dtype=np.float32)
+        for (rows, _), group_vectors in zip(groups, vectors, strict=True):
+            out[rows] = group_vectors
+        return out
 
     async def embed_pixels(self, pixels: np.ndarray) -> np.ndarray:
         if IMAGE_MODEL not in self._inputs:
@@ -178,7 +205,7 @@ class TritonEncoder:
         client = self._require_client()
         tensor = triton_http.InferInput(input_name, list(batch.shape), datatype)
         tensor.set_data_from_numpy(batch, binary_data=True)
-        output_name = "text_features" if model == TEXT_MODEL else "image_features"
+        output_name = "text_features" if is_text_model(model) else "image_features"
         wanted = [triton_http.InferRequestedOutput(output_name, binary_data=True)]
 
         async def call() -> np.ndarray:
@@ -194,7 +221,7 @@ class TritonEncoder:
         n = batch.shape[0]
         if self.observer is not None:
             # The remote batches on its own; here a "batch" is one request and its round trip is "inference".
-            tower = "text" if model == TEXT_MODEL else "image"
+            tower = "text" if is_text_model(model) else "image"
             timings = {"queue": 0.0, "preprocess": 0.0, "inference": time.perf_counter() - started, "post": 0.0}
             self.observer.batch_done(tower, n, rows, timings)
         if features.shape != (n, self.dim) or features.dtype != np.float32:
@@ -233,7 +260,7 @@ class TritonEncoder:
                 f"Triton model '{name}' at {self.address} takes {got_in.get('datatype')} {in_shape}, but the "
                 f"manifest of {self.manifest.name} needs {datatype} {wanted} (B = -1 or a fixed batch)"
             )
-        output_name = "text_features" if name == TEXT_MODEL else "image_features"
+        output_name = "text_features" if is_text_model(name) else "image_features"
         if got_out.get("name") != output_name:
             raise ModelError(
                 f"Triton model '{name}' at {self.address} outputs '{got_out.get('name')}', expected '{output_name}' "

@@ -2,6 +2,7 @@
 
     REPO/
       cnclip_text/         1/model.onnx + config.pbtxt   INT64 [-1, 52]        → text_features  FP32 [-1, d]
+    cnclip_text_l16/     1/model.onnx + config.pbtxt   INT64 [-1, 16]        (one per shorter text length bucket)
       cnclip_image/        1/model.onnx + config.pbtxt   FP32  [-1, 3, R, R]   → image_features FP32 [-1, d]
       preprocess/          1/model.py   + config.pbtxt   BYTES [-1, 1] JPEG/PNG → image FP32 [-1, 3, R, R]
       cnclip_image_bytes/  1/           + config.pbtxt   ensemble: preprocess → cnclip_image
@@ -39,15 +40,11 @@ import onnx
 
 from retrieval.errors import InvalidInput, ModelError
 from retrieval.manifest import ModelManifest
+from retrieval.triton_names import IMAGE_BYTES_MODEL, IMAGE_MODEL, TEXT_MODEL, text_model
 
 Backend = Literal["onnxruntime", "python", "npu_ge"]
 BACKENDS: tuple[str, ...] = ("onnxruntime", "python", "npu_ge")
-TEXT_MODEL, IMAGE_MODEL, PREPROCESS_MODEL, ENSEMBLE_MODEL = (
-    "cnclip_text",
-    "cnclip_image",
-    "preprocess",
-    "cnclip_image_bytes",
-)
+PREPROCESS_MODEL, ENSEMBLE_MODEL = "preprocess", IMAGE_BYTES_MODEL
 # Tower → (Triton model, input tensor, output tensor): the names our /v2 endpoint serves.
 TOWER_MODELS = {"text": (TEXT_MODEL, "text", "text_features"), "image": (IMAGE_MODEL, "image", "image_features")}
 _TRITON_TYPES = {
@@ -84,8 +81,8 @@ class ExportOptions:
 class ExportReport:
     repository: Path
     models: list[str] = field(default_factory=list)
-    batch: dict[str, int] = field(default_factory=dict)  # tower → max_batch_size (or the static batch)
-    source_bucket: dict[str, int] = field(default_factory=dict)  # tower → bucket graph it came from
+    batch: dict[str, int] = field(default_factory=dict)  # Triton model → max_batch_size (or the static batch)
+    source_bucket: dict[str, int] = field(default_factory=dict)  # Triton model → bucket graph it came from
 
 
 # --- protobuf text format ---------------------------------------------------------------------------
@@ -127,9 +124,11 @@ def _parameters(values: dict[str, str]) -> list[dict[str, Any]]:
 # --- graphs -------------------------------------------------------------------------------------------
 
 
-def _load_graph(manifest: ModelManifest, tower: str, precision: str, bucket: int) -> onnx.ModelProto:
+def _load_graph(
+    manifest: ModelManifest, tower: str, precision: str, bucket: int, length: int | None = None
+) -> onnx.ModelProto:
     # onnx.load pulls the shared external-data file in, so the written model.onnx is self-contained.
-    return onnx.load(str(manifest.graph_path(tower, precision, bucket)))
+    return onnx.load(str(manifest.graph_path(tower, precision, bucket, length)))
 
 
 def _rename_io(model: onnx.ModelProto, old: str, new: str) -> None:
@@ -218,13 +217,14 @@ def _relax_batch(model: onnx.ModelProto, bucket: int) -> onnx.ModelProto:
     return relaxed
 
 
-def _sample_inputs(tower: str, model: onnx.ModelProto, rows: int, context_length: int) -> np.ndarray:
+def _sample_inputs(tower: str, model: onnx.ModelProto, rows: int) -> np.ndarray:
     rng = np.random.default_rng(7)
     if tower == "text":
         from retrieval.tokenizer import tokenize
 
         texts = ["穿红色裙子的女孩", "一只猫", "a dog 在草地上", "汽车", "城市夜景", "海边的日落", "苹果", "book"]
-        return tokenize([texts[i % len(texts)] for i in range(rows)], context_length)
+        length = model.graph.input[0].type.tensor_type.shape.dim[1].dim_value
+        return tokenize([texts[i % len(texts)] for i in range(rows)], length)
     elem = model.graph.input[0].type.tensor_type.elem_type
     dims = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim][1:]
     dtype = np.float16 if elem == onnx.TensorProto.FLOAT16 else np.float32
@@ -238,7 +238,11 @@ def _rows_agree(got: np.ndarray, expected: np.ndarray, atol: float, min_cosine: 
 
 
 def dynamic_batch_graph(
-    manifest: ModelManifest, tower: str, precision: str, batch_sizes: Sequence[int] = (1, 2, 3, 5)
+    manifest: ModelManifest,
+    tower: str,
+    precision: str,
+    batch_sizes: Sequence[int] = (1, 2, 3, 5),
+    length: int | None = None,
 ) -> tuple[onnx.ModelProto, int]:
     """The tower's graph with a dynamic batch dimension, and the bucket it came from.
 
@@ -260,14 +264,14 @@ def dynamic_batch_graph(
     options.log_severity_level = 4  # a failing candidate is expected; the reason goes into our error
     failures = []
     for bucket in candidates:
-        fixed = _load_graph(manifest, tower, precision, bucket)
+        fixed = _load_graph(manifest, tower, precision, bucket, length)
         relaxed = _relax_batch(fixed, bucket)
         input_name = fixed.graph.input[0].name
         try:
             reference = ort.InferenceSession(fixed.SerializeToString(), options, providers=["CPUExecutionProvider"])
             candidate = ort.InferenceSession(relaxed.SerializeToString(), options, providers=["CPUExecutionProvider"])
             rows = bucket * -(-max(batch_sizes) // bucket)  # whole bucket batches covering every size checked
-            x = _sample_inputs(tower, fixed, rows, manifest.context_length)
+            x = _sample_inputs(tower, fixed, rows)
             expected = np.concatenate(
                 [reference.run(None, {input_name: x[i : i + bucket]})[0] for i in range(0, rows, bucket)]
             )
@@ -443,22 +447,34 @@ def export_triton_repository(model_dir: Path, out: Path, options: ExportOptions,
     return report
 
 
+def _tower_models(manifest: ModelManifest, precision: str) -> list[tuple[str, str, int | None]]:
+    """(Triton model, tower, text length or None for the full input) of every tower model to write:
+    a text model per length bucket, so that a client can send the shortest that holds its texts."""
+    shorter = manifest.text_lengths(precision)[:-1]
+    return [
+        (TEXT_MODEL, "text", None),
+        *((text_model(length), "text", length) for length in shorter),
+        (IMAGE_MODEL, "image", None),
+    ]
+
+
 def _write_models(
     manifest: ModelManifest, staging: Path, out: Path, options: ExportOptions, precision: str
 ) -> ExportReport:
     report = ExportReport(repository=out)
     batch_of_image = 0
-    for tower, (name, input_name, output_name) in TOWER_MODELS.items():
+    for name, tower, length in _tower_models(manifest, precision):
         spec = manifest.towers[tower]
+        input_name, output_name = ("text", "text_features") if tower == "text" else ("image", "image_features")
         buckets = spec.buckets(precision)
         if options.backend == "npu_ge":
             batch = options.max_batch or buckets[-1]
             if batch not in buckets:
                 raise InvalidInput(f"--max-batch {batch} is not a bucket of the {tower} graphs {buckets}")
-            graph, source = _load_graph(manifest, tower, precision, batch), batch
+            graph, source = _load_graph(manifest, tower, precision, batch, length), batch
         else:
             batch = options.max_batch or buckets[-1]
-            graph, source = dynamic_batch_graph(manifest, tower, precision)
+            graph, source = dynamic_batch_graph(manifest, tower, precision, length=length)
         _rename_io(graph, spec.input_name, input_name)
         _rename_io(graph, spec.output_name, output_name)
         tensor_type = graph.graph.input[0].type.tensor_type
@@ -482,8 +498,8 @@ def _write_models(
         )
         (staging / name / "config.pbtxt").write_text(render_pbtxt(config), encoding="utf-8")
         report.models.append(name)
-        report.batch[tower] = batch
-        report.source_bucket[tower] = source
+        report.batch[name] = batch
+        report.source_bucket[name] = source
         if tower == "image":
             batch_of_image = batch
     (staging / PREPROCESS_MODEL / "1").mkdir(parents=True)

@@ -281,3 +281,41 @@ def test_server_killed_mid_index_then_the_rerun_resumes(
     (photos,) = last_json(invoke(["stats", "--json"], env))["collections"]
     assert (photos["items"], photos["vectors"]) == (total, total)  # nothing lost, nothing twice
     engine.dispose()
+
+
+def test_texts_go_to_the_shortest_length_model_the_server_offers(tmp_path: Path) -> None:
+    """A model with text length buckets, exported with a text model per length: a 10-token query is
+    sent to `cnclip_text_l16`, a 25-token caption to `cnclip_text_l32`, and both get the local vectors."""
+    from retrieval.toy_model import write_toy_model
+    from retrieval.triton_export import ExportOptions, export_triton_repository
+
+    model_dir = tmp_path / "toy-lengths"
+    write_toy_model(model_dir, buckets=(1, 4), text_lengths=(16, 32))
+    repo = tmp_path / "repo"
+    export_triton_repository(model_dir, repo, ExportOptions(backend="python", max_batch=4, precision="fp32"))
+    settings = settings_for(model_dir, tmp_path / "data").model_copy(update={"buckets": [1, 4]})
+    texts = ["穿红色裙子的女孩", "一张清晰的穿红色裙子的女孩在公园里放风筝的照片", "猫"]
+
+    def counts(server: RealTriton) -> dict[str, int]:
+        client = triton_http.InferenceServerClient(server.url)
+        stats = client.get_inference_statistics()["model_stats"]
+        return {s["name"]: int(s["inference_count"]) for s in stats if s["name"].startswith("cnclip_text")}
+
+    async def scenario(server: RealTriton) -> tuple[np.ndarray, np.ndarray, list[int]]:
+        local, far = LocalEncoder(settings), remote(settings, server.url)
+        await local.start()
+        await far.start()
+        try:
+            return await far.embed_texts(texts), await local.embed_texts(texts), far.text_lengths
+        finally:
+            await far.close()
+            await local.close()
+
+    with RealTriton(repo) as server:
+        before = counts(server)
+        far_vectors, local_vectors, lengths = asyncio.run(scenario(server))
+        after = counts(server)
+    assert lengths == [16, 32, 52]
+    sent = {name: after[name] - before.get(name, 0) for name in after}
+    assert sent == {"cnclip_text": 0, "cnclip_text_l16": 2, "cnclip_text_l32": 1}
+    assert ((far_vectors * local_vectors).sum(axis=1)).min() >= 0.99999

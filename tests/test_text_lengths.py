@@ -270,3 +270,12 @@ def test_concurrent_queries_of_two_lengths_share_one_batch(settings: Settings, t
         a, alone.run(tokenize([QUERY], 16)) / np.linalg.norm(alone.run(tokenize([QUERY], 16))), atol=1e-6
     )
     assert b.shape == (1, manifest.embed_dim)
+
+
+def test_npu_ge_export_writes_one_static_text_model_per_length(toy_lengths: Path, tmp_path: Path) -> None:
+    from retrieval.triton_export import ExportOptions, export_triton_repository
+
+    report = export_triton_repository(toy_lengths, tmp_path / "repo", ExportOptions(backend="npu_ge", max_batch=4))
+    assert report.models[:4] == ["cnclip_text", "cnclip_text_l16", "cnclip_text_l32", "cnclip_image"]
+    config = (tmp_path / "repo" / "cnclip_text_l16" / "config.pbtxt").read_text()
+    assert "max_batch_size: 0" in config and "dims: [ 4, 16 ]" in config and 'string_value: "true"' in config

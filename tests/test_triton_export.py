@@ -61,7 +61,7 @@ def repo(toy_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("triton") / "repo"
     options = ExportOptions(instances=3, max_batch=16, queue_delay_us=2500)
     report = export_triton_repository(toy_model_dir, out, options)
-    assert report.models == list(MODELS) and report.batch == {"text": 16, "image": 16}
+    assert report.models == list(MODELS) and report.batch == {"cnclip_text": 16, "cnclip_image": 16}
     return out
 
 
@@ -310,7 +310,7 @@ def test_cli_writes_a_repository(toy_model_dir: Path, tmp_path: Path) -> None:
     args = ["export-triton", "--model", str(toy_model_dir), "--out", str(out), "--backend", "npu_ge"]
     result = runner.invoke(build_cli(), [*args, "--instances", "2", "--aicore", "12|10", "--device-ids", "0,1"])
     assert result.exit_code == 0, result.output
-    assert "image  static batch 32  (from bucket graph b32)" in result.output
+    assert "cnclip_image      static batch 32  (from bucket graph b32)" in result.output
     assert parse_config(out / "cnclip_image" / "config.pbtxt").parameters["device_ids"].string_value == "0,1"
     again = runner.invoke(build_cli(), [*args, "--device-ids", "0,x"])
     assert again.exit_code == 2 and "comma-separated device numbers" in again.output
@@ -331,7 +331,8 @@ def test_cnclip_architecture_graphs_become_batch_dynamic(tmp_path: Path) -> None
     model_dir = tmp_path / "tiny-cnclip"
     pipeline.convert_model(build_model(TINY_VIT), model_dir, "tiny-vit", buckets=[1, 3], precisions=["fp32"])
     report = export_triton_repository(model_dir, tmp_path / "repo", ExportOptions())
-    assert report.source_bucket == {"text": 3, "image": 3}
+    # One text model per length bucket (convert's default lengths 16, 32, 52), each batch-dynamic.
+    assert report.source_bucket == {"cnclip_text": 3, "cnclip_text_l16": 3, "cnclip_text_l32": 3, "cnclip_image": 3}
     manifest = ModelManifest.load(model_dir)
     image_graph = onnx.load(str(tmp_path / "repo" / "cnclip_image" / "1" / "model.onnx"))
     assert "Expand" in {n.op_type for n in image_graph.graph.node}  # the class token follows the batch
@@ -344,6 +345,12 @@ def test_cnclip_architecture_graphs_become_batch_dynamic(tmp_path: Path) -> None
         exported = session(tmp_path / "repo" / name / "1" / "model.onnx")
         np.testing.assert_allclose(exported.run(None, {tower: x})[0], expected, atol=1e-4)
         np.testing.assert_allclose(exported.run(None, {tower: x[:2]})[0], expected[:2], atol=1e-4)
+    short = session(tmp_path / "repo" / "cnclip_text_l16" / "1" / "model.onnx")
+    config = parse_config(tmp_path / "repo" / "cnclip_text_l16" / "config.pbtxt")
+    assert list(config.input[0].dims) == [16]
+    full = session(manifest.graph_path("text", "fp32", 1))
+    expected = np.concatenate([full.run(None, {"text": ids[i : i + 1]})[0] for i in range(5)])
+    np.testing.assert_allclose(short.run(None, {"text": ids[:, :16]})[0], expected, atol=1e-4)
 
 
 def test_python_backend_configs_parse_and_batch(python_repo: Path) -> None:
@@ -436,7 +443,7 @@ def test_cli_exports_the_python_backend(toy_model_dir: Path, tmp_path: Path) -> 
     ]
     result = CliRunner().invoke(build_cli(), args)
     assert result.exit_code == 0, result.output
-    assert "text   max_batch_size 8" in result.output
+    assert "cnclip_text       max_batch_size 8" in result.output
     assert parse_config(out / "cnclip_text" / "config.pbtxt").backend == "python"
     wrong = CliRunner().invoke(build_cli(), [*args[:-4], "--backend", "tensorrt"])
     assert wrong.exit_code == 2 and "--backend must be one of onnxruntime, python, npu_ge" in wrong.output
