@@ -12,6 +12,8 @@
     # text -> image only, concurrency 8, against a big collection made with `prefill`
     python benchmarks/load_test.py prefill --collection big --items 100000   # server stopped
     python benchmarks/load_test.py text --serve --collection big --concurrency 8 --duration 30
+    # the same query again and again: what a query-cache hit costs end to end
+    python benchmarks/load_test.py text --serve --collection big --concurrency 1 --queries repeat
 
 It fails (exit 1) on any 5xx and on any status other than 2xx and 429, prints p50/p99 per route and
 the server's own per-stage timings, and writes the raw numbers to benchmarks/out/.
@@ -92,17 +94,48 @@ def percentile(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
+def distinct_query(rng: random.Random) -> str:
+    """A short query (2–5 words, ≤ 14 tokens) that is almost never asked twice: every request
+    reaches the text encoder, whatever the query cache holds."""
+    words = rng.sample(QUERY_WORDS, rng.randint(2, 5))
+    return "".join(words) if rng.random() < 0.8 else " ".join(words)
+
+
+QUERY_WORDS = [
+    *"猫狗车山海花雪树鸟鱼船桥灯门窗雨云石湖河马牛羊球书伞鞋帽茶饭面",
+    "女孩",
+    "城市",
+    "夜景",
+    "红色",
+    "a",
+    "dog",
+    "red",
+    "car",
+    "sea",
+]
+
+
 class Workload:
-    def __init__(self, client: httpx.AsyncClient, images: list[bytes], collection: str, seed: int) -> None:
+    def __init__(
+        self, client: httpx.AsyncClient, images: list[bytes], collection: str, seed: int, queries: str = "mixed"
+    ) -> None:
         self.client = client
         self.images = images
         self.collection = collection
         self.rng = random.Random(seed)
+        self.queries = queries  # "mixed": 10 common queries; "distinct": never the same; "repeat": always one
+
+    def query(self) -> str:
+        if self.queries == "distinct":
+            return distinct_query(self.rng)
+        if self.queries == "repeat":
+            return QUERIES[0]
+        return self.rng.choice(QUERIES)
 
     async def call(self, route: str) -> httpx.Response:
         rng, c = self.rng, self.client
         if route == "search_text":
-            body = {"query": rng.choice(QUERIES), "k": 20, "collection": self.collection}
+            body = {"query": self.query(), "k": 20, "collection": self.collection}
             return await c.post("/v1/search/text", json=body)
         if route in ("search_image", "search_image_texts"):
             target = "texts" if route == "search_image_texts" else "images"
@@ -124,7 +157,13 @@ class Workload:
 
 
 async def run_load(
-    url: str, routes: dict[str, int], concurrency: int, duration: float, collection: str, headers: dict[str, str]
+    url: str,
+    routes: dict[str, int],
+    concurrency: int,
+    duration: float,
+    collection: str,
+    headers: dict[str, str],
+    queries: str = "mixed",
 ) -> tuple[Results, float]:
     rng = random.Random(7)
     images = [random_jpeg(rng) for _ in range(32)]
@@ -135,7 +174,7 @@ async def run_load(
         deadline = time.perf_counter() + duration
 
         async def worker(seed: int) -> None:
-            workload = Workload(client, images, collection, seed)
+            workload = Workload(client, images, collection, seed, queries)
             while time.perf_counter() < deadline:
                 route = workload.rng.choices(names, weights)[0]
                 start = time.perf_counter()
@@ -342,6 +381,12 @@ def main() -> None:
     parser.add_argument("--factory", default="IVF1024,Flat", help="faiss: index factory string.")
     parser.add_argument("--nprobe", type=int, default=16, help="faiss: IVF lists visited.")
     parser.add_argument("--api-key", help="Sent as X-API-Key (writes need it when the server has one).")
+    parser.add_argument(
+        "--queries",
+        choices=["mixed", "distinct", "repeat"],
+        help="Text queries: 10 common ones (mixed; the default of `mixed`), a new one every request (distinct; "
+        "the default of `text`: every query reaches the encoder), or always the same (repeat: cache hits).",
+    )
     parser.add_argument("--out", type=Path, help="JSON results (default benchmarks/out/load_<mode>.json).")
     args = parser.parse_args()
     OUT_DIR.mkdir(exist_ok=True)
@@ -358,9 +403,12 @@ def main() -> None:
     concurrency = args.concurrency or (32 if args.mode == "mixed" else 8)
     with serve(free_port()) if args.serve else _given(args.url) as url:
         seed_collections(url, args.collection, headers)
-        asyncio.run(run_load(url, routes, min(concurrency, 4), 3.0, args.collection, headers))  # warm-up
-        results, elapsed = asyncio.run(run_load(url, routes, concurrency, args.duration, args.collection, headers))
-    title = f"{args.mode}, concurrency {concurrency}, {args.duration:.0f} s"
+        queries = args.queries or ("mixed" if args.mode == "mixed" else "distinct")
+        asyncio.run(run_load(url, routes, min(concurrency, 4), 3.0, args.collection, headers, queries))  # warm-up
+        results, elapsed = asyncio.run(
+            run_load(url, routes, concurrency, args.duration, args.collection, headers, queries)
+        )
+    title = f"{args.mode}, concurrency {concurrency}, {args.duration:.0f} s, {queries} queries"
     summary = report(results, elapsed, title)
     summary["model_dir"] = os.environ.get("CNCLIP_MODEL_DIR", "(default)")
     (args.out or OUT_DIR / f"load_{args.mode}.json").write_text(json.dumps(summary, ensure_ascii=False, indent=1))
