@@ -1,7 +1,8 @@
 """The local encoder: ONNX Runtime sessions per tower, bucket and stream behind a dynamic batcher.
 
 pre (tokenize / decode + normalise, off the event loop) → batcher (bounded queue, buckets,
-streams) → core (session.run of a fixed-shape graph) → post (drop padding, L2-normalise).
+streams) → core (session.run of a fixed-shape graph) → post (drop padding, L2-normalise). Token ids
+pass the query cache (retrieval/query_cache.py) first: only rows it lacks reach the batcher.
 `create_encoder(settings)` is the one factory the API, the CLI and the indexer call.
 """
 
@@ -22,6 +23,7 @@ from retrieval.errors import EncoderUnavailable, InvalidImage, InvalidInput, Mod
 from retrieval.manifest import ModelManifest
 from retrieval.preprocess import preprocess_image
 from retrieval.providers import ProviderChoice, SessionConfig, choose_precision, choose_provider, cpu_thread_plan
+from retrieval.query_cache import QueryCache, TokenKey, embed_with_cache
 from retrieval.sessions import BucketedSession, OrtSession, SessionFactory, Stream, StreamPool
 from retrieval.tokenizer import default_tokenizer
 from retrieval.types import TOWERS, Encoder, EncoderObserver
@@ -64,6 +66,7 @@ class LocalEncoder:
         self._preprocess_pool: ThreadPoolExecutor | None = None
         self._tokenizer = default_tokenizer()
         self._vocab_size = len(self._tokenizer.vocab)
+        self.query_cache: QueryCache[TokenKey] = QueryCache(settings.query_cache_size)
         self._ready = False
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -186,6 +189,11 @@ class LocalEncoder:
         chunks = [await batcher.submit(inputs[i : i + limit], preprocess_s) for i in range(0, len(inputs), limit)]
         return np.concatenate(chunks)
 
+    async def _submit_text(self, ids: np.ndarray, preprocess_s: float) -> np.ndarray:
+        """Token-id rows through the query cache: only the rows it lacks reach the batcher."""
+        compute = partial(self._submit, "text", preprocess_s=preprocess_s)
+        return await embed_with_cache(self.query_cache, self.model_id, "text", ids, compute)
+
     async def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
         """L2-normalised float32 (n, dim) for `texts` (cn_clip tokenization, 52 tokens)."""
         if isinstance(texts, str):
@@ -196,7 +204,7 @@ class LocalEncoder:
         start = time.perf_counter()
         tokenize = partial(self._tokenizer.tokenize, list(texts), self.context_length)
         ids = tokenize() if len(texts) <= _TOKENIZE_INLINE else await asyncio.to_thread(tokenize)
-        return await self._submit("text", ids, time.perf_counter() - start)
+        return await self._submit_text(ids, time.perf_counter() - start)
 
     async def embed_images(self, images: Sequence[bytes]) -> np.ndarray:
         """L2-normalised float32 (n, dim) for raw image bytes; `InvalidImage` names the bad one."""
@@ -236,7 +244,7 @@ class LocalEncoder:
             return np.zeros((0, self.dim), dtype=np.float32)
         if ids.min() < 0 or ids.max() >= self._vocab_size:
             raise InvalidInput(f"token ids must lie in [0, {self._vocab_size})")
-        return await self._submit("text", np.ascontiguousarray(ids, dtype=np.int64), 0.0)
+        return await self._submit_text(np.ascontiguousarray(ids, dtype=np.int64), 0.0)
 
     async def embed_pixels(self, pixels: np.ndarray) -> np.ndarray:
         """Vectors for preprocessed images, float32 (n, 3, R, R), through the same batcher."""

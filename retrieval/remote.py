@@ -3,7 +3,8 @@
 The remote serves `cnclip_text` (INT64 token ids → `text_features`) and `cnclip_image_bytes` (raw
 JPEG/PNG bytes → `image_features`, preprocessing on the server: our own `/v2` endpoint or the
 ensemble that `cnclip export-triton` writes), and optionally `cnclip_image` (normalised pixels).
-Texts are tokenised here, so only token ids travel.
+Texts are tokenised here, so only token ids travel, and only those the query cache
+(retrieval/query_cache.py) lacks.
 
 The local model directory's `manifest.json` stays the source of truth for the model id, the
 dimension and `logit_scale` (the vectors in the catalog are tagged with it); `start()` checks that
@@ -23,6 +24,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Sequence
+from functools import partial
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
@@ -35,6 +37,7 @@ from tritonclient.utils import InferenceServerException
 from retrieval.config import RuntimeSettings
 from retrieval.errors import EncoderUnavailable, InvalidImage, InvalidInput, ModelError, Overloaded, PayloadTooLarge
 from retrieval.manifest import ModelManifest
+from retrieval.query_cache import QueryCache, TokenKey, embed_with_cache
 from retrieval.types import EncoderObserver
 
 log = logging.getLogger("cnclip.remote")
@@ -96,6 +99,7 @@ class TritonEncoder:
         self._inputs: dict[str, list[int]] = {}
         # Per remote model: the most items one request may carry (its config's max_batch_size, capped).
         self._max_items: dict[str, int] = {}
+        self.query_cache: QueryCache[TokenKey] = QueryCache(settings.query_cache_size)
         self._ready = False
 
     @property
@@ -136,8 +140,10 @@ class TritonEncoder:
         return await self.embed_token_ids(tokenize(list(texts), context_length=self.context_length))
 
     async def embed_token_ids(self, ids: np.ndarray) -> np.ndarray:
+        """Through the query cache: only the rows it lacks are sent to the remote."""
         ids = np.ascontiguousarray(ids, dtype=np.int64)
-        return await self._embed_chunks(TEXT_MODEL, "text", "INT64", ids)
+        compute = partial(self._embed_chunks, TEXT_MODEL, "text", "INT64")
+        return await embed_with_cache(self.query_cache, self.model_id, "text", ids, compute)
 
     async def embed_pixels(self, pixels: np.ndarray) -> np.ndarray:
         if IMAGE_MODEL not in self._inputs:
