@@ -52,8 +52,10 @@ def create_app(settings: Settings, encoder: Encoder | None = None, catalog: Cata
             app.state.catalog = cat
             app.state.encoder = enc
             app.state.service = collection_service(cat, enc, settings)  # type: ignore[arg-type]
-            app.state.zeroshot = ZeroShotClassifier(enc)
-            metrics.label_cache.watch(app.state.zeroshot)
+            # One setting sizes both text-embedding caches, so 0 turns caching of text vectors off.
+            app.state.zeroshot = ZeroShotClassifier(enc, cache_size=settings.query_cache_size)
+            metrics.label_cache.watch(app.state.zeroshot.cache)
+            metrics.query_cache.watch(getattr(enc, "query_cache", None))  # an injected encoder may have none
             try:
                 if not enc.ready:
                     log.info("warming up the encoder (%s)", getattr(enc, "model_id", "?"))

@@ -4,8 +4,9 @@ in `_total`, durations are in seconds, and no `_created` series are exposed.
 
 - requests (count and latency) per route template and status, and errors per error code (a
   middleware; static files are one route label per mount, unknown paths `unmatched`),
-- items indexed through the API per collection, embeddings computed per tower, hits and misses of
-  the zero-shot label-embedding cache (the service's only cache),
+- items indexed through the API per collection, embeddings computed per tower,
+- hits, misses and entries of the encoder's query cache (text embeddings) and of the zero-shot
+  label-embedding cache, read at scrape time,
 - per-stage timings of searches (encode, search, db) from the routes,
 - the encoder's batches: size per tower, inference time per tower and bucket (an
   `EncoderObserver` the encoder calls after every batch),
@@ -21,7 +22,7 @@ from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST as CONTENT_TYPE_LATEST
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.routing import Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -61,8 +62,10 @@ class ServiceMetrics:
         self.embeddings = Counter(
             "cnclip_embeddings_total", "Inputs embedded by the model, by tower.", ["tower"], registry=r
         )
-        self.label_cache = _LabelCacheCollector()
+        self.label_cache = _CacheCollector("cnclip_label_cache", "Zero-shot label embeddings")
         r.register(self.label_cache)
+        self.query_cache = _CacheCollector("cnclip_query_cache", "Text embeddings", {"tower": "text"})
+        r.register(self.query_cache)
         self.request_seconds = Histogram(
             "cnclip_http_request_duration_seconds",
             "HTTP request latency by route template.",
@@ -139,32 +142,38 @@ class ServiceMetrics:
         return generate_latest(_WithoutCreated(self.registry))
 
 
-class _LabelCacheCollector(Collector):
-    """Hits and misses of the zero-shot classifier's label-embedding cache, read at scrape time
-    from the classifier that counts them (it lives in `retrieval`, which knows nothing of
-    Prometheus). Until `watch` is called the counters read 0."""
+class _CacheCollector(Collector):
+    """Hits, misses and entries of a cache that lives in `retrieval` (which knows nothing of
+    Prometheus), read at scrape time from the object that counts them: anything with `hits`,
+    `misses` and a length, such as `retrieval.query_cache.QueryCache`. Until `watch` is given one,
+    all three read 0."""
 
-    def __init__(self) -> None:
-        self.classifier: Any = None
+    def __init__(self, prefix: str, what: str, labels: Mapping[str, str] | None = None) -> None:
+        self.prefix, self.what = prefix, what
+        self.labels = dict(labels or {})
+        self.cache: Any = None
 
-    def watch(self, classifier: Any) -> None:
-        self.classifier = classifier
+    def watch(self, cache: Any) -> None:
+        self.cache = cache
 
     def describe(self) -> Iterable[Metric]:
-        return self._families(0, 0)
+        return self._families(0, 0, 0)
 
     def collect(self) -> Iterable[Metric]:
-        c = self.classifier
-        return self._families(getattr(c, "cache_hits", 0), getattr(c, "cache_misses", 0))
+        c = self.cache
+        return self._families(c.hits, c.misses, len(c)) if c is not None else self._families(0, 0, 0)
 
-    @staticmethod
-    def _families(hits: int, misses: int) -> list[Metric]:
-        return [
-            CounterMetricFamily("cnclip_label_cache_hits", "Zero-shot label embeddings served from the cache.", hits),
-            CounterMetricFamily(
-                "cnclip_label_cache_misses", "Zero-shot label embeddings computed by the model.", misses
-            ),
-        ]
+    def _families(self, hits: int, misses: int, entries: int) -> list[Metric]:
+        names, values = list(self.labels), list(self.labels.values())
+        hits_family = CounterMetricFamily(f"{self.prefix}_hits", f"{self.what} served from the cache.", labels=names)
+        hits_family.add_metric(values, hits)
+        misses_family = CounterMetricFamily(
+            f"{self.prefix}_misses", f"{self.what} computed by the model.", labels=names
+        )
+        misses_family.add_metric(values, misses)
+        entries_family = GaugeMetricFamily(f"{self.prefix}_entries", f"{self.what} held in the cache.", labels=names)
+        entries_family.add_metric(values, entries)
+        return [hits_family, misses_family, entries_family]
 
 
 class _WithoutCreated(Collector):

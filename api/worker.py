@@ -40,6 +40,7 @@ def create_worker_app(settings: Settings, encoder: Encoder | None = None) -> Fas
         enc = LocalEncoder(settings, observer=metrics) if own else encoder
         assert enc is not None
         app.state.encoder = enc
+        metrics.query_cache.watch(getattr(enc, "query_cache", None))  # an injected encoder may have none
         try:
             if not enc.ready:
                 log.info("warming up the encoder (%s)", getattr(enc, "model_id", "?"))

@@ -55,6 +55,7 @@ def settings_for(model: Path, buckets: list[int], precision: str = "fp32") -> Se
         precision=precision,
         buckets=buckets,
         data_dir=Path("/tmp/bench-kserve"),
+        query_cache_size=0,  # the texts repeat: a cache would measure lookups, not the round trips
     )
 
 

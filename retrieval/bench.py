@@ -162,7 +162,8 @@ async def sweep_config(
     min_requests: int = 2,
 ) -> list[SweepPoint]:
     """One encoder configuration (streams, batching) over every tower and concurrency."""
-    encoder = LocalEncoder(settings, manifest)
+    # The payloads repeat: with the query cache on, the text tower would measure lookups, not the model.
+    encoder = LocalEncoder(settings.model_copy(update={"query_cache_size": 0}), manifest)
     await encoder.start()
     texts, images = text_payloads(), image_payloads()
     points = []

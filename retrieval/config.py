@@ -60,6 +60,12 @@ class RuntimeSettings(BaseSettings):
     dynamic_batching: bool = Field(
         True, description="Merge concurrent requests into one batch; false runs each request on its own."
     )
+    query_cache_size: int = Field(
+        4096,
+        ge=0,
+        description="Text embeddings (search queries, zero-shot prompts) the encoder keeps, keyed by model and "
+        "token ids; also the size of the zero-shot label cache. 0 turns both off.",
+    )
     max_image_bytes: int = Field(20 * 1024 * 1024, ge=1, description="Largest accepted image upload.")
     max_image_pixels: int = Field(
         50_000_000, ge=1, description="Largest accepted image in pixels (decompression-bomb guard)."

@@ -1,7 +1,8 @@
 """The local encoder: ONNX Runtime sessions per tower, bucket and stream behind a dynamic batcher.
 
 pre (tokenize / decode + normalise, off the event loop) → batcher (bounded queue, buckets,
-streams) → core (session.run of a fixed-shape graph) → post (drop padding, L2-normalise).
+streams) → core (session.run of a fixed-shape graph) → post (drop padding, L2-normalise). Token ids
+pass the query cache (retrieval/query_cache.py) first: only rows it lacks reach the batcher.
 `create_encoder(settings)` is the one factory the API, the CLI and the indexer call.
 """
 
@@ -22,6 +23,7 @@ from retrieval.errors import EncoderUnavailable, InvalidImage, InvalidInput, Mod
 from retrieval.manifest import ModelManifest
 from retrieval.preprocess import preprocess_image
 from retrieval.providers import ProviderChoice, SessionConfig, choose_precision, choose_provider, cpu_thread_plan
+from retrieval.query_cache import QueryCache, TokenKey, embed_with_cache
 from retrieval.sessions import BucketedSession, OrtSession, SessionFactory, Stream, StreamPool
 from retrieval.text_lengths import split_by_length
 from retrieval.tokenizer import default_tokenizer
@@ -66,6 +68,7 @@ class LocalEncoder:
         self._preprocess_pool: ThreadPoolExecutor | None = None
         self._tokenizer = default_tokenizer()
         self._vocab_size = len(self._tokenizer.vocab)
+        self.query_cache: QueryCache[TokenKey] = QueryCache(settings.query_cache_size)
         self._ready = False
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -212,7 +215,13 @@ class LocalEncoder:
         return np.concatenate(chunks)
 
     async def _submit_text(self, ids: np.ndarray, preprocess_s: float) -> np.ndarray:
-        """Token ids (n, context_length) → vectors, each row run in the shortest length bucket that holds it."""
+        """Token ids (n, context_length) → vectors: through the query cache, and each row the cache
+        lacks run in the shortest length bucket that holds it."""
+        return await embed_with_cache(
+            self.query_cache, self.model_id, "text", ids, partial(self._submit_by_length, preprocess_s=preprocess_s)
+        )
+
+    async def _submit_by_length(self, ids: np.ndarray, preprocess_s: float) -> np.ndarray:
         groups = split_by_length(ids, self.text_lengths)
         if len(groups) == 1:
             return await self._submit("text", groups[0][1], preprocess_s)

@@ -3,7 +3,8 @@
 The remote serves `cnclip_text` (INT64 token ids → `text_features`) and `cnclip_image_bytes` (raw
 JPEG/PNG bytes → `image_features`, preprocessing on the server: our own `/v2` endpoint or the
 ensemble that `cnclip export-triton` writes), and optionally `cnclip_image` (normalised pixels).
-Texts are tokenised here, so only token ids travel.
+Texts are tokenised here, so only token ids travel, and only those the query cache
+(retrieval/query_cache.py) lacks.
 
 The local model directory's `manifest.json` stays the source of truth for the model id, the
 dimension and `logit_scale` (the vectors in the catalog are tagged with it); `start()` checks that
@@ -35,6 +36,7 @@ from tritonclient.utils import InferenceServerException
 from retrieval.config import RuntimeSettings
 from retrieval.errors import EncoderUnavailable, InvalidImage, InvalidInput, ModelError, Overloaded, PayloadTooLarge
 from retrieval.manifest import ModelManifest
+from retrieval.query_cache import QueryCache, TokenKey, embed_with_cache
 from retrieval.text_lengths import split_by_length
 from retrieval.triton_names import IMAGE_BYTES_MODEL, IMAGE_MODEL, TEXT_MODEL, is_text_model, text_model
 from retrieval.types import EncoderObserver
@@ -98,6 +100,7 @@ class TritonEncoder:
         # The text length buckets the server offers (a `cnclip_text_lN` model each), ascending; the last is
         # the full length (`cnclip_text`). Each text is sent to the shortest that holds it.
         self.text_lengths: list[int] = [self.context_length]
+        self.query_cache: QueryCache[TokenKey] = QueryCache(settings.query_cache_size)
         self._ready = False
 
     @property
@@ -152,8 +155,12 @@ class TritonEncoder:
         return await self.embed_token_ids(tokenize(list(texts), context_length=self.context_length))
 
     async def embed_token_ids(self, ids: np.ndarray) -> np.ndarray:
-        """Each row goes to the shortest text model the server offers that holds its tokens."""
+        """Through the query cache; each row it lacks goes to the shortest text model the server offers
+        that holds its tokens."""
         ids = np.ascontiguousarray(ids, dtype=np.int64)
+        return await embed_with_cache(self.query_cache, self.model_id, "text", ids, self._embed_by_length)
+
+    async def _embed_by_length(self, ids: np.ndarray) -> np.ndarray:
         if len(ids) == 0:
             return np.zeros((0, self.dim), dtype=np.float32)
         groups = split_by_length(ids, self.text_lengths)

@@ -8,13 +8,13 @@ mean of those text vectors, renormalised (CLIP's prompt ensembling). Probabiliti
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 
 import numpy as np
 
 from retrieval.errors import InvalidInput
 from retrieval.prompts import check_prompts, fill
+from retrieval.query_cache import QueryCache
 from retrieval.types import Encoder
 
 # Chinese prompt templates in the spirit of Chinese-CLIP's zero-shot evaluation prompts.
@@ -39,39 +39,40 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 
 
 class ZeroShotClassifier:
-    """Classifies images against free-form labels with an `Encoder`; caches label embeddings (LRU)."""
+    """Classifies images against free-form labels with an `Encoder`; caches label embeddings (LRU).
+
+    The label cache saves the mean over the templates; the template texts' own vectors also sit in
+    the encoder's query cache, so a label that left this cache costs lookups, not a batch."""
 
     def __init__(self, encoder: Encoder, templates: Sequence[str] = DEFAULT_TEMPLATES, cache_size: int = 4096) -> None:
         self.encoder = encoder
         self.templates = tuple(templates)
-        self.cache_size = cache_size
-        self._cache: OrderedDict[tuple[str, tuple[str, ...], str], np.ndarray] = OrderedDict()
-        # Per label looked up, read by the service's metrics at scrape time.
-        self.cache_hits = 0
-        self.cache_misses = 0
+        self.cache: QueryCache[tuple[str, tuple[str, ...], str]] = QueryCache(cache_size)  # (model, templates, label)
+
+    @property
+    def cache_hits(self) -> int:
+        """Labels served from the cache (read by the service's metrics at scrape time)."""
+        return self.cache.hits
+
+    @property
+    def cache_misses(self) -> int:
+        """Labels whose embedding was computed."""
+        return self.cache.misses
 
     async def label_embeddings(self, labels: Sequence[str], templates: Sequence[str] | None = None) -> np.ndarray:
         """(len(labels), dim) float32: per label the renormalised mean of its template texts' vectors."""
         chosen = tuple(templates) if templates is not None else self.templates
         check_prompts(labels, chosen)
         keys = [(self.encoder.model_id, chosen, label) for label in labels]
-        missing = [label for label, key in zip(labels, keys, strict=True) if key not in self._cache]
-        self.cache_misses += len(missing)
-        self.cache_hits += len(labels) - len(missing)
+        found, missing = self.cache.lookup(keys)
         if missing:
-            texts = [fill(template, label) for label in missing for template in chosen]
+            texts = [fill(template, label) for (_, _, label) in missing for template in chosen]
             vectors = np.asarray(await self.encoder.embed_texts(texts), dtype=np.float32)
             means = vectors.reshape(len(missing), len(chosen), -1).mean(axis=1)
             means /= np.maximum(np.linalg.norm(means, axis=1, keepdims=True), np.float32(1e-12))
-            for label, mean in zip(missing, means, strict=True):
-                self._cache[(self.encoder.model_id, chosen, label)] = mean
-        out = []
-        for key in keys:
-            self._cache.move_to_end(key)
-            out.append(self._cache[key])
-        while len(self._cache) > self.cache_size:
-            self._cache.popitem(last=False)
-        return np.stack(out)
+            self.cache.store(missing, means)
+            found.update(zip(missing, means, strict=True))
+        return np.stack([found[key] for key in keys])
 
     async def classify_vector(
         self, image_vector: np.ndarray, labels: Sequence[str], templates: Sequence[str] | None = None

@@ -92,19 +92,31 @@ def test_classify_with_the_real_encoder(client: TestClient) -> None:
     assert got == pytest.approx(dict(zip(labels, p.tolist(), strict=True)), abs=1e-4)
 
 
-def _embeddings_total(client: TestClient, tower: str) -> float:
-    prefix = f'cnclip_embeddings_total{{tower="{tower}"}} '
+def _text_metric(client: TestClient, name: str) -> float:
+    prefix = f'{name}{{tower="text"}} '
     return sum(
         float(line.removeprefix(prefix)) for line in client.get("/metrics").text.splitlines() if line.startswith(prefix)
     )
 
 
 def test_metrics_show_real_batches(client: TestClient) -> None:
-    texts_before = _embeddings_total(client, "text")
-    client.post("/v1/search/text", json={"query": "猫"})
-    assert _embeddings_total(client, "text") == texts_before + 1  # the encoder reports every batch
+    texts_before = _text_metric(client, "cnclip_embeddings_total")
+    # A text no other test embeds: a cached one would not reach the model.
+    client.post("/v1/search/text", json={"query": "窗台上睡觉的橘猫"})
+    assert _text_metric(client, "cnclip_embeddings_total") == texts_before + 1  # the encoder reports every batch
     text = client.get("/metrics").text
     assert 'cnclip_inference_seconds_count{bucket="1",tower="text"}' in text
     assert 'cnclip_inference_seconds_count{bucket="1",tower="image"}' in text
     assert 'cnclip_batcher_queue_depth{tower="text"} 0.0' in text
     assert 'cnclip_batch_stage_seconds_count{stage="preprocess",tower="image"}' in text
+
+
+def test_a_repeated_text_search_is_a_query_cache_hit(client: TestClient) -> None:
+    names = ("cnclip_query_cache_hits_total", "cnclip_query_cache_misses_total", "cnclip_embeddings_total")
+    hits, misses, embedded = (_text_metric(client, name) for name in names)
+    bodies = [client.post("/v1/search/text", json={"query": "雪山下的湖泊"}).json() for _ in range(2)]
+    assert bodies[0]["results"] == bodies[1]["results"]
+    assert _text_metric(client, "cnclip_query_cache_misses_total") == misses + 1
+    assert _text_metric(client, "cnclip_query_cache_hits_total") == hits + 1
+    assert _text_metric(client, "cnclip_embeddings_total") == embedded + 1  # the model ran once
+    assert _text_metric(client, "cnclip_query_cache_entries") >= 1

@@ -35,8 +35,10 @@ IMAGES = [png((250, 10, 10)), png((10, 250, 10)), png((10, 10, 250)), png((128, 
 
 @pytest.fixture
 def settings(settings: Settings) -> Settings:
-    """Fewer buckets: start-up (which warms every bucket) stays fast on a busy 2-core machine."""
-    return settings.model_copy(update={"buckets": [1, 4, 8]})
+    """Fewer buckets: start-up (which warms every bucket) stays fast on a busy 2-core machine. No
+    query cache: these tests compare the model's own answers (a repeated text would be a lookup);
+    tests/test_query_cache.py tests the cache."""
+    return settings.model_copy(update={"buckets": [1, 4, 8], "query_cache_size": 0})
 
 
 def run(settings: Settings, scenario, **kwargs):

@@ -22,6 +22,8 @@ COUNTERS = {
     "cnclip_embeddings",
     "cnclip_label_cache_hits",
     "cnclip_label_cache_misses",
+    "cnclip_query_cache_hits",
+    "cnclip_query_cache_misses",
 }
 HISTOGRAMS = {
     "cnclip_http_request_duration_seconds",
@@ -30,7 +32,13 @@ HISTOGRAMS = {
     "cnclip_inference_seconds",
     "cnclip_batch_stage_seconds",
 }
-GAUGES = {"cnclip_batcher_queue_depth", "cnclip_collection_items", "cnclip_collection_vectors"}
+GAUGES = {
+    "cnclip_batcher_queue_depth",
+    "cnclip_collection_items",
+    "cnclip_collection_vectors",
+    "cnclip_label_cache_entries",
+    "cnclip_query_cache_entries",
+}
 
 
 def scrape(client: TestClient) -> tuple[dict[str, str], list[Sample]]:
@@ -133,6 +141,7 @@ def test_label_cache_hits_and_misses(client: TestClient) -> None:
     _, samples = scrape(client)
     assert value(samples, "cnclip_label_cache_misses_total") == len(labels)  # the first call computes them
     assert value(samples, "cnclip_label_cache_hits_total") == len(labels)  # the second reads them
+    assert value(samples, "cnclip_label_cache_entries") == len(labels)
 
 
 def test_embeddings_are_counted_per_tower(client: TestClient) -> None:

@@ -85,7 +85,8 @@ def test_encoder_url_forms() -> None:
 
 
 def test_vectors_equal_the_local_encoder(server: ServerThread, remote_settings: Settings) -> None:
-    texts = ["穿红色裙子的女孩", "一只猫", "汽车", "a dog on the grass"] * 20  # 80: split into two requests
+    # 80 distinct texts (the query cache would send a repeated one once): split into two requests.
+    texts = [f"{text}{i}" for i in range(20) for text in ["穿红色裙子的女孩", "一只猫", "汽车", "a dog on the grass"]]
     files = [image_file((200, 10, 10)), image_file((10, 10, 200), fmt="JPEG"), image_file((90, 90, 90))]
     local = server.app.state.encoder
     expected_text = server.call(local.embed_texts(texts))
@@ -120,6 +121,23 @@ def test_vectors_equal_the_local_encoder(server: ServerThread, remote_settings: 
         ("text", 16),
         ("text", 64),
     ]
+
+
+def test_a_repeated_text_is_not_sent_again(server: ServerThread, remote_settings: Settings) -> None:
+    recorder = Recorder()
+
+    async def scenario() -> tuple[np.ndarray, np.ndarray]:
+        encoder = remote(remote_settings, server.url, observer=recorder)
+        await encoder.start()
+        try:
+            first = await encoder.embed_texts(["海边的日落"])
+            return first, await encoder.embed_texts(["海边的日落", "海边的日落"])
+        finally:
+            await encoder.close()
+
+    first, again = asyncio.run(scenario())
+    assert [(tower, items) for tower, _, items, _ in recorder.batches] == [("text", 1)]  # one request in all
+    np.testing.assert_array_equal(again, np.repeat(first, 2, axis=0))
 
 
 def test_server_down_retries_then_encoder_unavailable(remote_settings: Settings) -> None:

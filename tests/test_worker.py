@@ -139,6 +139,22 @@ def test_worker_app_readiness_follows_the_encoder(settings: Settings) -> None:
         assert started.get("/v2/health/ready").status_code == 200
 
 
+def test_worker_metrics_count_query_cache_hits_of_v2_text_requests(settings: Settings) -> None:
+    from api.worker import create_worker_app
+    from retrieval.tokenizer import tokenize
+
+    encoder = local_encoder(settings.model_copy(update={"buckets": [1, 4, 8]}))
+    ids = tokenize(["一张猫的照片"], context_length=encoder.context_length)
+    body = {"inputs": [{"name": "text", "shape": list(ids.shape), "datatype": "INT64", "data": ids.ravel().tolist()}]}
+    with TestClient(create_worker_app(settings, encoder=encoder)) as client:
+        answers = [client.post("/v2/models/cnclip_text/infer", json=body) for _ in range(2)]
+        metrics = client.get("/metrics").text
+    assert [a.status_code for a in answers] == [200, 200]
+    assert answers[0].json()["outputs"] == answers[1].json()["outputs"]
+    assert 'cnclip_query_cache_misses_total{tower="text"} 1.0' in metrics
+    assert 'cnclip_query_cache_hits_total{tower="text"} 1.0' in metrics
+
+
 def test_split_deployment_survives_a_worker_restart_under_load(
     worker: CliServer, toy_model_dir: Path, tmp_path: Path
 ) -> None:

@@ -128,3 +128,31 @@ def _png() -> bytes:
     buffer = io.BytesIO()
     Image.new("RGB", (32, 32), (200, 30, 30)).save(buffer, "PNG")
     return buffer.getvalue()
+
+
+def test_prompt_texts_come_from_the_encoders_query_cache(settings: Settings) -> None:
+    """A second classification needs no text batch even without the label cache, and a search query
+    equal to a prompt text is answered from the same cache."""
+    text_rows: list[int] = []
+
+    class TextBatches:
+        def batch_done(self, tower: str, bucket: int, items: int, timings: dict[str, float]) -> None:
+            if tower == "text":
+                text_rows.append(items)
+
+    async def main() -> tuple[list[tuple[str, float]], list[tuple[str, float]], list[int], list[int]]:
+        encoder = LocalEncoder(settings.model_copy(update={"buckets": [1, 4, 8, 16, 32]}), observer=TextBatches())
+        await encoder.start()
+        try:
+            first = await ZeroShotClassifier(encoder, cache_size=0).classify(_png(), LABELS)
+            after_first = list(text_rows)
+            again = await ZeroShotClassifier(encoder, cache_size=0).classify(_png(), LABELS)
+            await encoder.embed_texts(["一张猫的照片"])  # a search query that is one of 猫's prompts
+            return first, again, after_first, list(text_rows)
+        finally:
+            await encoder.close()
+
+    first, again, after_first, after_all = asyncio.run(main())
+    assert sum(after_first) == len(LABELS) * len(DEFAULT_TEMPLATES)
+    assert after_all == after_first  # no text row ran for the second classification or the query
+    assert again == first
