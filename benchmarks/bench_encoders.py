@@ -5,11 +5,16 @@
 In one run, side by side:
 1. tokenizer: distinct short queries/s on one core, ours vs cn_clip's FullTokenizer;
 2. baselines, batch 1, one client, no batcher: ONNX Runtime fp32 straight on the bucket-1 graph
-   and, when torch and `retrieval.convert.model` are importable, PyTorch eager with the same
-   architecture (random weights, `torch.set_num_threads(cores)`);
+   and, when torch is importable and the model has a torch twin (a released architecture, or the
+   config `cnclip convert` stored), the four PyTorch baselines of `benchmarks/torch_baselines.py`
+   (eager fp32 on 1 and on all cores, bf16 autocast, cn_clip's own model; random weights). Ratios
+   are against the best of them per tower ("best PyTorch");
 3. `cnclip bench encoders`' sweep (retrieval/bench.py): text and image, concurrency 1–16,
-   1 stream with the batcher on and off, 2 streams with it on.
-Every figure is the median of `--repeats` runs. Runs on the toy model as a smoke test.
+   1 stream with the batcher on and off, 2 streams with it on, with a "% of peak" column: the
+   sweep's items/s × the graph's multiply-accumulates per item against the machine's GEMM peak on
+   all cores (`benchmarks/peak.py`, int8 or fp32 as the sweep's precision), measured in every repeat.
+Every figure is the median of `--repeats` runs (min–max for the baselines). The header names the
+CPU's SIMD flags and the load average before and after. Runs on the toy model as a smoke test.
 """
 
 from __future__ import annotations
@@ -30,12 +35,24 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from api.config import Settings  # noqa: E402
+from benchmarks.peak import (  # noqa: E402
+    LAYER_SHAPES,
+    Peak,
+    cpu_flags,
+    graph_macs,
+    measure_peaks,
+    merge_rounds,
+    parse_shape,
+    peak_for,
+    peak_graphs,
+    peak_table,
+    percent_of_peak,
+)
 from retrieval.bench import TABLE_HEADER, SweepPoint, image_payloads, run_sweep, text_payloads  # noqa: E402
 from retrieval.manifest import ModelManifest  # noqa: E402
 from retrieval.preprocess import preprocess_image  # noqa: E402
+from retrieval.providers import choose_precision  # noqa: E402
 from retrieval.tokenizer import Tokenizer, tokenize  # noqa: E402
-
-RELEASED_ARCHS = ("RN50", "ViT-B-16", "ViT-L-14", "ViT-L-14-336", "ViT-H-14")
 
 
 def machine() -> str:
@@ -47,7 +64,7 @@ def machine() -> str:
     except OSError:
         pass
     cores = len(os.sched_getaffinity(0))
-    return f"{platform.machine()}, {cores} cores ({cpu}), load average {os.getloadavg()[0]:.1f} at start"
+    return f"{platform.machine()}, {cores} cores ({cpu}; {cpu_flags()}), load average {os.getloadavg()[0]:.2f} at start"
 
 
 def time_loop(fn, seconds: float) -> tuple[int, float, list[float]]:
@@ -128,37 +145,54 @@ def bench_ort_fp32_batch1(model_dir: Path, seconds: float) -> dict[str, tuple[fl
     return out
 
 
-def bench_torch_eager(model_dir: Path, seconds: float) -> dict[str, tuple[float, float]] | None:
-    """Same as the ORT baseline with PyTorch eager (random weights), if the convert package is there."""
-    manifest = ModelManifest.load(model_dir, verify=False)
-    if manifest.arch not in RELEASED_ARCHS:
-        return None  # e.g. the toy model: there is no torch twin to time
-    try:
-        import torch
+Timing = dict[str, tuple[float, float]]  # tower -> (items/s, p50 ms)
+ORT_BASELINE = "ORT fp32, batch 1, no batcher"
 
-        from retrieval.convert.model import CLIP, architecture_config
+
+def torch_runners(model_dir: Path) -> dict[str, list] | None:
+    """The PyTorch baselines per tower (built once: cn_clip's twin copies the weights), or None
+    when torch is missing or the model has no torch twin (the toy model)."""
+    try:
+        from benchmarks.torch_baselines import model_config, random_model, torch_baselines
     except ImportError:
         return None
-    config = architecture_config(manifest.arch)
-    torch.set_num_threads(len(os.sched_getaffinity(0)))
-    model = CLIP.from_config(config).eval()
+    config = model_config(ModelManifest.load(model_dir, verify=False))
+    if config is None:
+        return None
+    model = random_model(config)
+    cores = len(os.sched_getaffinity(0))
+    return {tower: torch_baselines(model, tower, cores) for tower in ("text", "image")}
+
+
+def bench_torch(model_dir: Path, runners: dict[str, list], seconds: float) -> dict[str, Timing]:
+    """Each PyTorch baseline like the ORT one: tokenize/preprocess + one batch-1 call, one client."""
+    manifest = ModelManifest.load(model_dir, verify=False)
     texts, images = text_payloads(), image_payloads()
-    out = {}
-    with torch.inference_mode():
-        for tower in ("text", "image"):
+    out: dict[str, Timing] = defaultdict(dict)
+    for tower in ("text", "image"):
+        for baseline in runners[tower]:
             counter = iter(range(10**9))
 
-            def once(tower=tower, counter=counter) -> None:
+            def once(tower=tower, run=baseline.run, counter=counter) -> None:
                 i = next(counter)
                 if tower == "text":
-                    model.encode_text(torch.from_numpy(tokenize([texts[i % len(texts)]], manifest.context_length)))
+                    run(tokenize([texts[i % len(texts)]], manifest.context_length))
                 else:
-                    pixels = preprocess_image(images[i % len(images)], manifest.image_size)[None]
-                    model.encode_image(torch.from_numpy(pixels))
+                    run(preprocess_image(images[i % len(images)], manifest.image_size)[None])
 
             once()
             calls, elapsed, latencies = time_loop(once, seconds)
-            out[tower] = (calls / elapsed, statistics.median(latencies) * 1000)
+            out[baseline.label][tower] = (calls / elapsed, statistics.median(latencies) * 1000)
+    return dict(out)
+
+
+def macs_per_item(model_dir: Path, precision: str) -> dict[str, tuple[str, int]]:
+    """Per tower: (the precision the sweep serves, multiply-accumulates per item of its bucket-1 graph)."""
+    manifest = ModelManifest.load(model_dir, verify=False)
+    out = {}
+    for tower in ("text", "image"):
+        chosen = choose_precision("cpu", precision, manifest.towers[tower].precisions())
+        out[tower] = (chosen, graph_macs(manifest.graph_path(tower, chosen, 1)))
     return out
 
 
@@ -190,7 +224,10 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--buckets", default="1,4,8,16")
     parser.add_argument("--precision", default="auto")
     parser.add_argument("--tokenizer-queries", type=int, default=20_000)
-    parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch eager baseline")
+    parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch baselines")
+    parser.add_argument("--no-peak", action="store_true", help="skip the GEMM peak (no %% of peak column)")
+    parser.add_argument("--peak-seconds", type=float, default=0.3, help="timed seconds per peak GEMM per repeat")
+    parser.add_argument("--peak-shape", type=parse_shape, action="append", help="M,K,N of a peak GEMM (repeatable)")
     parser.add_argument("--min-requests", type=int, default=2, help="requests each client completes per point")
     parser.add_argument("--isolate", action="store_true", help="each encoder config in a fresh process (real models)")
     parser.add_argument("--out", type=Path, help="also write the markdown report here")
@@ -201,6 +238,7 @@ def main(argv: list[str] | None = None) -> str:
     base = Settings(_env_file=None, model_dir=args.model, precision=args.precision,  # type: ignore[call-arg]
                     buckets=[int(b) for b in args.buckets.split(",")], provider="cpu")  # fmt: skip
     manifest = ModelManifest.load(args.model)
+    load_before = [round(v, 2) for v in os.getloadavg()]
     lines = [
         f"- date: {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC; machine: {machine()}",
         f"- model: `{manifest.name}` ({manifest.arch}, {manifest.embed_dim}-d), buckets {args.buckets}, "
@@ -226,17 +264,22 @@ def main(argv: list[str] | None = None) -> str:
             lines.append(f"| {label} | {med[key]:,.0f} | {ratio} |")
     lines.append("")
 
-    baselines: dict[str, list[dict[str, tuple[float, float]]]] = defaultdict(list)
+    cores = len(os.sched_getaffinity(0))
+    runners = None if args.no_torch else torch_runners(args.model)
+    peak_inputs = None if args.no_peak else peak_graphs(args.peak_shape or LAYER_SHAPES)
+    baselines: dict[str, list[Timing]] = defaultdict(list)
+    round_peaks: list[list[Peak]] = []
     runs: list[list[SweepPoint]] = []
-    for repeat in range(args.repeats):  # baselines and sweep interleaved: each repeat sees similar load
+    for repeat in range(args.repeats):  # peaks, baselines and sweep interleaved: each repeat sees similar load
+        if peak_inputs is not None:
+            round_peaks.append(measure_peaks([cores], 1, args.peak_seconds, peak_inputs))
         ort_fp32 = bench_ort_fp32_batch1(args.model, args.baseline_seconds)
-        baselines["ORT fp32, batch 1, no batcher"].append(ort_fp32)
+        baselines[ORT_BASELINE].append(ort_fp32)
         print(f"repeat {repeat + 1}: ORT fp32 batch 1 {ort_fp32}", file=sys.stderr, flush=True)
-        if not args.no_torch:
-            eager = bench_torch_eager(args.model, args.baseline_seconds)
-            if eager is not None:
-                baselines["PyTorch eager fp32, batch 1"].append(eager)
-                print(f"repeat {repeat + 1}: PyTorch eager batch 1 {eager}", file=sys.stderr, flush=True)
+        if runners is not None:
+            for label, timing in bench_torch(args.model, runners, args.baseline_seconds).items():
+                baselines[label].append(timing)
+                print(f"repeat {repeat + 1}: {label} batch 1 {timing}", file=sys.stderr, flush=True)
         runs.append(
             run_sweep(
                 args.model, ("text", "image"), concurrencies, configs, args.duration, base,
@@ -245,31 +288,49 @@ def main(argv: list[str] | None = None) -> str:
             )
         )  # fmt: skip
     points = median_points(runs)
+    peaks = merge_rounds(round_peaks)
+    lines.insert(1, f"- load average (1/5/15 min) before {load_before}, after {[round(v, 2) for v in os.getloadavg()]}")
 
-    reference = (
-        "PyTorch eager fp32, batch 1" if "PyTorch eager fp32, batch 1" in baselines else "ORT fp32, batch 1, no batcher"
+    rates = {name: {t: statistics.median(v[t][0] for v in values) for t in ("text", "image")}
+             for name, values in baselines.items()}  # fmt: skip
+    torch_names = [name for name in baselines if name != ORT_BASELINE]
+    reference: dict[str, str] = {}
+    for tower in ("text", "image"):
+        reference[tower] = max(torch_names, key=lambda n: rates[n][tower]) if torch_names else ORT_BASELINE
+    ref_rate = {t: rates[reference[t]][t] for t in ("text", "image")}
+    described = "; ".join(f"{t}: *{reference[t]}*" for t in ("text", "image"))
+    lines.append(
+        f"**Baselines** (one client, batch 1; ratios below are against the best PyTorch per tower — {described}):"
     )
-    ref_rate = {t: statistics.median(b[t][0] for b in baselines[reference]) for t in ("text", "image")}
-    lines.append(f"**Baselines** (one client; ratios below are against *{reference}*):")
     lines.append("")
-    lines.append("| baseline | text/s | text p50 ms | img/s | image p50 ms |")
+    lines.append("| baseline | text/s (min–max) | text p50 ms | img/s (min–max) | image p50 ms |")
     lines.append("| --- | --- | --- | --- | --- |")
     for name, values in baselines.items():
         cells = []
         for tower in ("text", "image"):
-            cells += [
-                f"{statistics.median(v[tower][0] for v in values):.1f}",
-                f"{statistics.median(v[tower][1] for v in values):.1f}",
-            ]
+            per_repeat = [v[tower][0] for v in values]
+            rate = f"{statistics.median(per_repeat):.1f} ({min(per_repeat):.1f}–{max(per_repeat):.1f})"
+            cells += [f"**{rate}**" if reference[tower] == name else rate,
+                      f"{statistics.median(v[tower][1] for v in values):.1f}"]  # fmt: skip
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines.append("")
-    lines.append("**Encoder sweep** (`cnclip bench encoders`; closed-loop clients sending one item per request):")
+    if peaks:
+        lines.append(f"**GEMM peak** (`benchmarks/peak.py`, all {cores} cores, median of the {args.repeats} repeats):")
+        lines.append("")
+        lines += [*peak_table(peaks), ""]
+    work = macs_per_item(args.model, args.precision)
+    peak_note = ", ".join(f"{t} {work[t][0]} {work[t][1] / 1e9:.2f} GMAC/item" for t in ("text", "image"))
+    lines.append("**Encoder sweep** (`cnclip bench encoders`; closed-loop clients sending one item per request; "
+                 f"% of peak on all cores: {peak_note}):")  # fmt: skip
     lines.append("")
     header, separator = TABLE_HEADER.splitlines()
-    lines.append(header + " × baseline |")
-    lines.append(separator + " --- |")
+    lines.append(header + " × baseline | % of peak |")
+    lines.append(separator + " --- | --- |")
     for p in points:
-        lines.append(p.row() + f" {p.items_per_s / ref_rate[p.tower]:.2f}× |")
+        precision, macs = work[p.tower]
+        peak = peak_for(peaks, precision, cores)
+        percent = f"{percent_of_peak(macs, 1 / p.items_per_s, peak.gops):.1f} %" if peak and p.items_per_s else "–"
+        lines.append(p.row() + f" {p.items_per_s / ref_rate[p.tower]:.2f}× | {percent} |")
     report = "\n".join(lines) + "\n"
     print(report)
     if args.out:

@@ -1,14 +1,13 @@
 """`retrieval.convert.model` computes what cn_clip's own model.py computes, from the same state dict.
 
-cn_clip is imported by file path (its package __init__ needs torchvision); these tests prove that the
-official parameter names load strictly and that both towers give the same numbers.
+cn_clip is imported by file path (`retrieval.convert.cnclip_reference`: its package __init__ needs
+torchvision); these tests prove that the official parameter names load strictly and that both towers
+give the same numbers.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import sys
-import types
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +15,7 @@ import pytest
 import torch
 
 from retrieval.convert.checkpoint import build_model, load_checkpoint
+from retrieval.convert.cnclip_reference import load_cnclip_model_module
 from retrieval.convert.model import ARCHITECTURES, CLIP, architecture_config
 from retrieval.errors import ModelError
 
@@ -47,39 +47,9 @@ TINY_RN: dict[str, Any] = {
 }
 
 
-def load_cnclip_reference() -> types.ModuleType:
-    """cn_clip/clip/model.py loaded by path, with the package stubbed so torchvision is never imported."""
-    if "cnclip_reference_model" in sys.modules:
-        return sys.modules["cnclip_reference_model"]
-    spec = importlib.util.find_spec("cn_clip")
-    assert spec is not None and spec.origin is not None, "cn_clip must be installed (make install)"
-    clip_dir = Path(spec.origin).parent / "clip"
-    package = types.ModuleType("cn_clip.clip")
-    package.__path__ = [str(clip_dir)]
-    package._tokenizer = types.SimpleNamespace(vocab={"[PAD]": 0})  # type: ignore[attr-defined]
-    saved = {name: sys.modules.get(name) for name in ("cn_clip.clip",)}
-    sys.modules["cn_clip.clip"] = package
-    try:
-        for name in ("configuration_bert", "modeling_bert", "model"):
-            full = f"cn_clip.clip.{name}"
-            module_spec = importlib.util.spec_from_file_location(full, clip_dir / f"{name}.py")
-            assert module_spec is not None and module_spec.loader is not None
-            module = importlib.util.module_from_spec(module_spec)
-            sys.modules[full] = module
-            module_spec.loader.exec_module(module)
-    finally:
-        for name, previous in saved.items():
-            if previous is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = previous
-    sys.modules["cnclip_reference_model"] = module
-    return module
-
-
 def reference_model(config: dict[str, Any], seed: int = 0) -> torch.nn.Module:
     """cn_clip's CLIP for `config`, randomly initialised (fp32, eval)."""
-    ref = load_cnclip_reference()
+    ref = load_cnclip_model_module()
     kwargs = dict(config)
     if isinstance(kwargs["vision_layers"], str):
         kwargs["vision_layers"] = eval(kwargs["vision_layers"])  # cn_clip's own parsing of "[1,1,1,1]"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import re
 from pathlib import Path
 
 import numpy as np
@@ -263,12 +264,15 @@ def test_benchmark_script_smoke_run_on_the_toy_model(toy_model_dir: Path, tmp_pa
     report = module.main(
         ["--model", str(toy_model_dir), "--repeats", "1", "--duration", "0.2", "--baseline-seconds", "0.2",
          "--concurrency", "2", "--configs", "1:on,2:off", "--buckets", "1,4", "--tokenizer-queries", "500", "--isolate",
-         "--out", str(out)]
+         "--peak-shape", "64,64,64", "--peak-seconds", "0.01", "--out", str(out)]
     )  # fmt: skip
     assert out.read_text() == report
     assert "| ours, cold caches |" in report and "| cn_clip FullTokenizer |" in report
     assert "| ORT fp32, batch 1, no batcher |" in report
-    assert "| text | 1 | on | 2 |" in report and "| image | 2 | off | 2 |" in report
+    assert "| int8 | " in report and "| fp32 | " in report  # the GEMM peak table
+    assert "× baseline | % of peak |" in report
+    assert re.search(r"^\| text \| 1 \| on \| 2 \| .* \| \d+\.\d % \|$", report, re.MULTILINE), report
+    assert "| image | 2 | off | 2 |" in report
 
 
 def test_a_bucket_that_cannot_run_fails_start_up(settings: Settings) -> None:
