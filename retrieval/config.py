@@ -53,6 +53,12 @@ class RuntimeSettings(BaseSettings):
         0, ge=0, description="intra_op threads of each CPU session; 0 = cores divided by streams."
     )
     pin_threads: bool = Field(False, description="Pin each CPU stream's threads to its own cores.")
+    share_weights: bool = Field(
+        True,
+        description="CPU: all bucket sessions of a tower share one memory-mapped copy of its weights, without "
+        "prepacking or per-session arenas (a fraction of the memory, matmuls ~10 % slower); false gives each "
+        "session its own prepacked copy.",
+    )
     max_queue_delay_ms: float = Field(
         4.0, ge=0, description="How long the batcher waits to fill a bucket before running a partial one."
     )

@@ -22,9 +22,17 @@ from retrieval.config import RuntimeSettings
 from retrieval.errors import EncoderUnavailable, InvalidImage, InvalidInput, ModelError
 from retrieval.manifest import ModelManifest
 from retrieval.preprocess import preprocess_image
-from retrieval.providers import ProviderChoice, SessionConfig, choose_precision, choose_provider, cpu_thread_plan
+from retrieval.providers import (
+    ProviderChoice,
+    SessionConfig,
+    choose_precision,
+    choose_provider,
+    cpu_thread_plan,
+    weight_sharing,
+)
 from retrieval.query_cache import QueryCache, TokenKey, embed_with_cache
 from retrieval.sessions import BucketedSession, OrtSession, SessionFactory, Stream, StreamPool
+from retrieval.shared_weights import SharedWeights
 from retrieval.text_lengths import split_by_length
 from retrieval.tokenizer import default_tokenizer
 from retrieval.types import TOWERS, Encoder, EncoderObserver
@@ -119,7 +127,11 @@ class LocalEncoder:
 
     def _open_into(self, streams: dict[str, list[Stream]], provider: str, plan: list[list[int]]) -> None:
         s = self.settings
+        share, why = weight_sharing(provider, s.share_weights)
+        log.info("weights: %s", why)
         for tower in TOWERS:
+            # One per tower and precision, handed to every bucket and stream of the tower.
+            weights = SharedWeights(f"{tower}/{self.precision[tower]}") if share else None
             for index, cores in enumerate(plan):
                 config = SessionConfig(
                     provider=provider,
@@ -128,6 +140,7 @@ class LocalEncoder:
                     cores=cores,
                     pin_threads=s.pin_threads,
                     spin=s.streams == 1,
+                    weights=weights,
                 )
                 session = BucketedSession.open(
                     self.manifest,
@@ -142,6 +155,8 @@ class LocalEncoder:
                 # Warm up in the stream's own (pinned) thread, as it will run.
                 streams[tower].append(stream)
                 stream.executor.submit(stream.warm_up, self.image_size, self.context_length).result()
+            if weights is not None:
+                log.info("%s", weights.summary())
 
     async def start(self) -> None:
         """Choose provider and precision, open and warm all sessions, start the batchers."""

@@ -9,15 +9,19 @@ itself, picks one provider, and logs one line saying which and why.
 from __future__ import annotations
 
 import ctypes.util
+import dataclasses
 import glob
 import logging
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from retrieval.errors import EncoderUnavailable, ModelError
+
+if TYPE_CHECKING:
+    from retrieval.shared_weights import SharedWeights
 
 log = logging.getLogger(__name__)
 
@@ -139,6 +143,19 @@ def cpu_thread_plan(streams: int, threads_per_stream: int, cores: int | None = N
     return [[(s * per_stream + i) % cores for i in range(per_stream)] for s in range(streams)]
 
 
+def weight_sharing(provider: str, enabled: bool) -> tuple[bool, str]:
+    """Whether a tower's bucket sessions share one copy of its weights, and why (logged at start-up).
+
+    CPU only: there the copies are host memory that sharing can remove. On CUDA/CANN each session
+    holds its weights in device memory whatever the host does, and a shared host buffer handed to
+    those providers is a path this project cannot test; they keep ONNX Runtime's default."""
+    if not enabled:
+        return False, "not shared (CNCLIP_SHARE_WEIGHTS=false): each bucket session has its own prepacked copy"
+    if provider != "cpu":
+        return False, f"not shared on {provider}: each session keeps its own copy in device memory"
+    return True, "one copy per tower and precision, mapped from its data file (prepacking and per-session arenas off)"
+
+
 @dataclass(frozen=True)
 class SessionConfig:
     """Everything needed to open one ONNX Runtime session for one stream."""
@@ -149,6 +166,13 @@ class SessionConfig:
     cores: list[int] = field(default_factory=list)  # CPU: this stream's cores (len = intra-op threads)
     pin_threads: bool = False
     spin: bool = True
+    # The tower's weights, shared by all of its sessions (see retrieval/shared_weights.py); None:
+    # each session loads, prepacks and keeps its own copy.
+    weights: SharedWeights | None = field(default=None, compare=False, repr=False)
+
+    def unshared(self) -> SessionConfig:
+        """The same configuration, with the session loading its own copy of the weights."""
+        return dataclasses.replace(self, weights=None)
 
     def providers(self) -> list[tuple[str, dict[str, Any]] | str]:
         """The `providers=` argument for `ort.InferenceSession`, accelerator first, CPU as fallback."""
@@ -183,4 +207,10 @@ class SessionConfig:
                 # logical processor ids are 1-based, one ';'-separated entry per extra thread.
                 affinities = ";".join(str(core + 1) for core in self.cores[1:])
                 options.add_session_config_entry("session.intra_op_thread_affinities", affinities)
+        if self.weights is not None:
+            # Prepacking would give every session a private re-laid-out copy of each weight, and
+            # a per-session arena keeps its largest run's activations for good: with N bucket
+            # sessions, N copies and N peaks. Without an arena, activations go back after each run.
+            options.add_session_config_entry("session.disable_prepacking", "1")
+            options.enable_cpu_mem_arena = False
         return options

@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -55,21 +55,40 @@ def ort_errors() -> tuple[type[BaseException], ...]:
 
 
 class OrtSession:
-    """A `ModelSession` over one ONNX Runtime `InferenceSession`."""
+    """A `ModelSession` over one ONNX Runtime `InferenceSession`.
+
+    With `config.weights` the session reads the tower's shared weights; if they cannot be handed
+    over, or ONNX Runtime refuses the session with them, it says so once and loads its own copy."""
 
     def __init__(self, path: Path, config: SessionConfig, input_name: str, output_name: str) -> None:
+        # The session reads the shared weights' mapped buffers: they must live as long as it does.
+        self.weights = config.weights if config.weights is not None and config.weights.usable else None
+        if self.weights is not None:
+            try:
+                self._session = self._open(path, config)
+                self.weights.record_session()
+            except (OSError, ValueError, ModelError) as exc:
+                self.weights.give_up(f"{path.name}: {exc}")
+                log.warning("%s: cannot share weights, each session loads its own copy: %s", self.weights.label, exc)
+                self.weights = None
+        if self.weights is None:
+            self._session = self._open(path, config.unshared())
+        self.input_name = input_name
+        self.output_name = output_name
+        self.providers = self._session.get_providers()
+
+    @staticmethod
+    def _open(path: Path, config: SessionConfig) -> Any:
         import onnxruntime as ort
 
         errors: tuple[type[BaseException], ...] = (RuntimeError, *ort_errors())
         try:
-            self._session = ort.InferenceSession(
-                str(path), sess_options=config.session_options(), providers=config.providers()
-            )
+            options = config.session_options()
+            if config.weights is not None:
+                config.weights.add_to(options, path)
+            return ort.InferenceSession(str(path), sess_options=options, providers=config.providers())
         except errors as exc:
             raise ModelError(f"cannot open graph {path}: {exc}") from exc
-        self.input_name = input_name
-        self.output_name = output_name
-        self.providers = self._session.get_providers()
 
     def run(self, batch: np.ndarray) -> np.ndarray:
         return self._session.run([self.output_name], {self.input_name: batch})[0]
