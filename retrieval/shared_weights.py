@@ -71,7 +71,10 @@ class SharedWeights:
 
     def summary(self) -> str:
         if self.failure is not None:
-            return f"{self.label}: weights not shared ({self.failure}); {self.sessions} session(s) share them"
+            return (
+                f"{self.label}: weights not shared ({self.failure}); {self.sessions} session(s) opened before "
+                "that share them, the others have their own copy"
+            )
         return (
             f"{self.label}: {self.sessions} session(s) share one copy of the weights "
             f"({self.tensors} tensors, {self.nbytes / 2**20:.1f} MiB, mapped from {len(self._files)} file(s))"

@@ -6,6 +6,7 @@ Memory itself is measured by benchmarks/bench_memory.py, not here."""
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import logging
 from pathlib import Path
 
@@ -201,3 +202,28 @@ def test_a_failure_to_share_falls_back_with_one_log_line(
     batch = sample(sessions[1], "text", 4, manifest)
     assert np.array_equal(sessions[1].run(batch), own.run(batch))
     assert "not shared" in weights.summary()
+
+
+def load_bench_memory():
+    path = REPO_ROOT / "benchmarks" / "bench_memory.py"
+    spec = importlib.util.spec_from_file_location("bench_memory", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_bench_memory_smoke_run_on_the_toy_model(toy_model_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bench = load_bench_memory()
+    bench.main(["serve", "--model", str(toy_model_dir), "--buckets", "1,4", "--modes", "share,no-share"])
+    out = capsys.readouterr().out
+    assert "weight files: 6," in out  # 2 towers x 2 buckets, and 2 data files
+    assert "text/int8: 2 session(s) share one copy of the weights" in out
+    assert "not shared (CNCLIP_SHARE_WEIGHTS=false)" in out
+    rows = [line.split() for line in out.splitlines() if line.startswith(("share ", "no-share "))]
+    assert [(r[0], r[1]) for r in rows] == [("share", "ready"), ("share", "after"), ("no-share", "ready")] + [
+        ("no-share", "after")
+    ]
+    bench.main(["latency", "--model", str(toy_model_dir), "--precision", "fp32", "--rounds", "1", "--reps", "1"])
+    out = capsys.readouterr().out
+    assert "batch  1: own copy" in out and "batch  8: own copy" in out
