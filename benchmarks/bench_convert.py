@@ -58,7 +58,7 @@ from benchmarks.peak import (  # noqa: E402
 )
 from benchmarks.torch_baselines import BEST, Runner, best_of, model_config, random_model, torch_baselines  # noqa: E402
 from retrieval.convert.export import RAW_OUTPUT_NAMES  # noqa: E402
-from retrieval.convert.parity import PARITY_SENTENCES, cosines, sample_images, topk_overlap  # noqa: E402
+from retrieval.convert.parity import PARITY_SENTENCES, cosines, run_in_buckets, sample_images, topk_overlap  # noqa: E402
 from retrieval.convert.quantize import append_l2_normalize, to_int8  # noqa: E402
 from retrieval.manifest import ModelManifest  # noqa: E402
 from retrieval.tokenizer import tokenize  # noqa: E402
@@ -326,14 +326,7 @@ def top10_overlaps(
     image_engines, text_engines = engines_by_key["image", batch], engines_by_key["text", batch]
 
     def encode(run: Runner, data: np.ndarray) -> np.ndarray:
-        chunks = []
-        for start in range(0, len(data), batch):
-            chunk = data[start : start + batch]
-            real = len(chunk)
-            if real < batch:
-                chunk = np.concatenate([chunk, np.repeat(chunk[-1:], batch - real, axis=0)])
-            chunks.append(run(chunk)[:real])
-        return np.concatenate(chunks)
+        return run_in_buckets(run, data, batch)
 
     ref_img = encode(image_engines["eager-fp32"].run, images)
     ref_txt = encode(text_engines["eager-fp32"].run, texts)

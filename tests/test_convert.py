@@ -18,7 +18,7 @@ from typer.testing import CliRunner
 from api.cli import build_cli
 from retrieval.convert import pipeline
 from retrieval.convert.checkpoint import build_model, load_checkpoint
-from retrieval.convert.parity import PARITY_SENTENCES, sample_images
+from retrieval.convert.parity import PARITY_SENTENCES, run_in_buckets, sample_images
 from retrieval.convert.report import REPORT_NAME
 from retrieval.convert.simplify import gemm_to_matmul, simplify_graph
 from retrieval.errors import ModelError
@@ -244,11 +244,7 @@ def test_text_length_graphs_give_the_full_graphs_vectors(converted: Path) -> Non
 
     def vectors(path: Path, rows: np.ndarray, bucket: int) -> np.ndarray:
         session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-        padded = np.concatenate([rows, np.repeat(rows[:1], -len(rows) % bucket, axis=0)])
-        out = np.concatenate(
-            [session.run(None, {"text": padded[i : i + bucket]})[0] for i in range(0, len(padded), bucket)]
-        )
-        return out[: len(rows)]
+        return run_in_buckets(lambda chunk: session.run(None, {"text": chunk})[0], rows, bucket)
 
     full = vectors(manifest.graph_path("text", "fp32", 1), ids, 1)
     for length in (16, 32):

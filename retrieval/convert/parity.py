@@ -9,6 +9,7 @@ neighbour overlap of text→image search on the sample gallery are reported.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -115,14 +116,20 @@ def onnx_features(graph: Path, inputs: np.ndarray, bucket: int, threads: int = 0
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
     session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
+    return run_in_buckets(lambda chunk: session.run(None, {name: chunk})[0], inputs, bucket).astype(np.float32)
+
+
+def run_in_buckets(run: Callable[[np.ndarray], np.ndarray], inputs: np.ndarray, bucket: int) -> np.ndarray:
+    """`run` over `inputs` in chunks of exactly `bucket` rows, the last padded with copies of its
+    last row; the padding rows' outputs are dropped."""
     out = []
     for start in range(0, len(inputs), bucket):
         chunk = inputs[start : start + bucket]
         real = len(chunk)
         if real < bucket:
             chunk = np.concatenate([chunk, np.repeat(chunk[-1:], bucket - real, axis=0)])
-        out.append(session.run(None, {name: chunk})[0][:real])
-    return np.concatenate(out).astype(np.float32)
+        out.append(run(chunk)[:real])
+    return np.concatenate(out)
 
 
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
