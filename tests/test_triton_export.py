@@ -26,7 +26,8 @@ from retrieval.errors import InvalidInput, ModelError
 from retrieval.manifest import ModelManifest, TowerSpec
 from retrieval.preprocess import preprocess_image
 from retrieval.tokenizer import tokenize
-from retrieval.triton_export import ExportOptions, dynamic_batch_graph, export_triton_repository
+from retrieval.triton_export import ExportOptions, export_triton_repository
+from retrieval.triton_graphs import dynamic_batch_graph
 from tests.kserve_server import image_file
 
 MODELS = ("cnclip_text", "cnclip_image", "preprocess", "cnclip_image_bytes")
