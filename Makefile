@@ -1,16 +1,28 @@
 # The README names these targets; .ci/run calls `install` and `test` exactly as a user would.
 PY ?= python3
 
-.PHONY: install demo test test-all lint format bench
+LOCK_VENV := build/lock-venv
 
-install:  ## Everything the product and its tests need, on a fresh machine
-	$(PY) -m pip install -e ".[dev]"
+.PHONY: install lock demo test test-all lint format bench
+
+install:  ## Everything the product and its tests need, on a fresh machine, at the versions CI tested
+	# constraints.txt holds the versions the suite was last green with (see `make lock`); pyproject.toml keeps ranges.
+	$(PY) -m pip install -c constraints.txt -e ".[dev]"
 	# cn_clip is the reference for parity tests; its own dependencies (torchvision, lmdb) are not wanted.
-	$(PY) -m pip install --no-deps cn_clip==1.6.0
+	$(PY) -m pip install -c constraints.txt --no-deps cn_clip
 	# Debian's Chromium for the browser tests (Playwright drives it; it downloads no browser of its own).
 	# A CJK font so that screenshots of the Chinese UI are readable.
 	@{ command -v chromium >/dev/null 2>&1 && fc-list :lang=zh | grep -q .; } || { apt-get update -q && \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium fonts-wqy-microhei; }
+
+lock:  ## Re-resolve every dependency to the newest that pyproject.toml allows, into constraints.txt; then run make install test
+	rm -rf $(LOCK_VENV)
+	$(PY) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/python -m pip install -q -e ".[dev]"
+	$(LOCK_VENV)/bin/python -m pip install -q --no-deps cn_clip==1.6.0
+	{ sed -n '/^#/p' constraints.txt; $(LOCK_VENV)/bin/python -m pip freeze --all --exclude-editable | grep -v "^pip=="; } > constraints.txt.new
+	mv constraints.txt.new constraints.txt
+	rm -rf $(LOCK_VENV)
 
 demo:  ## Index the demo gallery and serve the UI at http://127.0.0.1:8000
 	cnclip demo
