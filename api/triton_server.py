@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import os
 import platform
 import re
@@ -144,16 +145,17 @@ def libpython_dir() -> Path:
 def interpreter_bin(workdir: Path) -> Path:
     """A directory whose `python3` is this interpreter, to go first on the server's PATH.
 
-    A venv's `bin/` when its `python3` is this interpreter, so that the stub's Python finds the
-    venv's `pyvenv.cfg` (and so its site-packages); else a folder in `workdir` with a `python3` link.
+    In a venv, the venv's `bin/`: the stub's Python finds `pyvenv.cfg` beside the `python3` it runs,
+    not through a link to it (so a copied interpreter, `venv --copies`, works too). Elsewhere, a
+    folder in `workdir` with a `python3` link to this interpreter (Python finds its prefix through
+    links), so that nothing else of the interpreter's directory comes first on the server's PATH.
     """
-    executable = Path(sys.executable)
-    beside = executable.parent / "python3"
-    if beside.exists() and beside.resolve() == executable.resolve():
-        return executable.parent
+    venv_bin = Path(sys.prefix) / "bin"
+    if sys.prefix != sys.base_prefix and (venv_bin / "python3").exists():
+        return venv_bin
     folder = workdir / "bin"
     folder.mkdir(exist_ok=True)
-    (folder / "python3").symlink_to(executable)
+    (folder / "python3").symlink_to(sys.executable)
     return folder
 
 
@@ -165,12 +167,15 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def _check_port_free(host: str, port: int, what: str) -> None:
+    """Fail now, in one line, where tritonserver would fail after loading every model."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT is no conflict
         try:
             s.bind((host, port))
         except OSError as exc:
-            raise TritonServerError(f"{what} port {port} on {host} is not free: {exc.strerror}") from None
+            if exc.errno == errno.EADDRINUSE:
+                raise TritonServerError(f"{what} port {port} on {host} is in use") from None
+            raise TritonServerError(f"cannot listen on {host}:{port} ({what}): {exc.strerror or exc}") from None
 
 
 @dataclass(frozen=True)
@@ -208,9 +213,8 @@ class TritonServer:
     with one line; `close()` stops the server and removes the temporary folder.
     """
 
-    def __init__(self, launch: TritonLaunch, *, stdout: int | None = None) -> None:
+    def __init__(self, launch: TritonLaunch) -> None:
         self.launch = launch
-        self.stdout = stdout  # None: the server's log goes to this process's stdout/stderr
         self.process: subprocess.Popen[bytes] | None = None
         self.workdir: Path | None = None
         self.models: list[str] = []
@@ -271,9 +275,7 @@ class TritonServer:
             binary, backends = self._prepare()
             self.process = subprocess.Popen(
                 self.command(binary, backends),
-                env=self._env,
-                stdout=self.stdout,
-                stderr=subprocess.STDOUT if self.stdout is not None else None,
+                env=self._env,  # its log goes where ours goes
                 start_new_session=True,  # its own process group: signals are forwarded, stubs killed with it
                 preexec_fn=_die_with_parent if die_with_parent else None,
             )
@@ -303,10 +305,6 @@ class TritonServer:
                     pass
                 time.sleep(0.1)
         raise TritonServerError(f"tritonserver was not ready after {timeout_s:g} s")
-
-    @property
-    def pid(self) -> int | None:
-        return None if self.process is None else self.process.pid
 
     def send_signal(self, signum: int) -> None:
         """Send `signum` to the server (not to its stubs: the server stops them itself)."""
@@ -352,9 +350,9 @@ class TritonServer:
 def run_until_stopped(launch: TritonLaunch, *, ready_timeout_s: float, echo: Callable[[str], None]) -> int:
     """`cnclip triton-server`: start, say where it listens once ready, forward SIGINT/SIGTERM, reap.
 
-    The exit status: 0 after a SIGTERM (a service manager's stop) that the server obeyed, 130 after
-    Ctrl-C (SIGINT), 1 when the server could not start, was not ready in time, exited by itself or
-    had to be killed. A second signal kills the server at once.
+    The exit status: 130 after Ctrl-C (SIGINT); 0 after a SIGTERM (a service manager's stop) that
+    the server obeyed; 1 when the server could not start, was not ready in time, exited by itself or
+    did not stop cleanly. A second signal kills the server at once.
     """
     from api.cli import EXIT_INTERRUPTED
 
@@ -383,9 +381,11 @@ def run_until_stopped(launch: TritonLaunch, *, ready_timeout_s: float, echo: Cal
             status = server.process.wait()  # until it stops by itself or a forwarded signal
             if not asked:
                 raise TritonServerError(f"tritonserver exited with status {status}")
+            if asked[0] == signal.SIGINT:
+                return EXIT_INTERRUPTED  # interrupted, however the server took it
             if status != 0:
                 raise TritonServerError(f"tritonserver stopped with status {status}")
-        return EXIT_INTERRUPTED if asked[0] == signal.SIGINT else 0
+        return 0
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

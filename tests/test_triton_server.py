@@ -104,7 +104,7 @@ def test_cli_errors_are_one_line(toy_model_dir: Path, python_repo: Path, tmp_pat
         taken.listen()
         port = taken.getsockname()[1]
         code, output = run_cli("triton-server", str(python_repo), "--http-port", str(port), "--grpc-port", "0")
-    assert code == 1 and output == f"error: HTTP port {port} on 127.0.0.1 is not free: Address already in use\n"
+    assert code == 1 and output == f"error: HTTP port {port} on 127.0.0.1 is in use\n"
     code, output = run_cli("triton-server", str(python_repo), "--http-port", "9000", "--grpc-port", "9000")
     assert code == 1 and "ports must differ" in output
     for flag, value in (("--http-port", "0"), ("--grpc-port", "70000"), ("--metrics-port", "-1")):
@@ -132,14 +132,16 @@ def test_off_its_platforms_it_says_which(python_repo: Path, monkeypatch: pytest.
 def test_interpreter_bin_is_a_venvs_bin_or_a_link(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     venv_bin = tmp_path / "venv" / "bin"
     venv_bin.mkdir(parents=True)
-    (venv_bin / "python3").symlink_to(sys.executable)
-    (venv_bin / "python").symlink_to("python3")
-    monkeypatch.setattr(triton_server.sys, "executable", str(venv_bin / "python"))
+    shutil.copy(sys.executable, venv_bin / "python3")  # `venv --copies`: no link back to the base interpreter
+    monkeypatch.setattr(triton_server.sys, "prefix", str(tmp_path / "venv"))
+    monkeypatch.setattr(triton_server.sys, "base_prefix", "/somewhere/else")
     assert triton_server.interpreter_bin(tmp_path / "work") == venv_bin  # pyvenv.cfg is found beside it
+    # Not a venv, and the interpreter's own folder has another `python3`: a link to this one goes first.
     other = tmp_path / "other"
     other.mkdir()
     (other / "python3.11").symlink_to(sys.executable)
-    (other / "python3").symlink_to("/bin/sh")  # another program of that name: not used
+    (other / "python3").symlink_to("/bin/sh")
+    monkeypatch.setattr(triton_server.sys, "base_prefix", str(tmp_path / "venv"))
     monkeypatch.setattr(triton_server.sys, "executable", str(other / "python3.11"))
     (tmp_path / "work").mkdir()
     folder = triton_server.interpreter_bin(tmp_path / "work")
