@@ -102,12 +102,13 @@ def _port(value: int, flag: str, *, off: bool) -> int:
 def register_server(app: typer.Typer) -> None:
     @app.command(
         "triton-server",
-        context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+        # What follows `--` goes to tritonserver; an unknown option before it is a usage error (a typo).
+        context_settings={"allow_extra_args": True},
     )
     def triton_server(
         ctx: typer.Context,
         repository: Annotated[
-            Path, typer.Argument(help="A model repository from `cnclip export-triton --backend python`.")
+            Path, typer.Argument(metavar="REPO", help="A repository from `cnclip export-triton --backend python`.")
         ],
         host: Annotated[str, typer.Option(help="Address to bind HTTP, gRPC and metrics to.")] = "127.0.0.1",
         http_port: Annotated[int, typer.Option(help="HTTP (KServe v2) port.")] = 8000,
@@ -115,7 +116,7 @@ def register_server(app: typer.Typer) -> None:
         metrics_port: Annotated[int, typer.Option(help="Prometheus metrics port; 0 (default) turns metrics off.")] = 0,
         ready_timeout: Annotated[float, typer.Option(help="Seconds to wait for every model to load.")] = 600.0,
     ) -> None:
-        """Run the tritonserver of the nvidia-pytriton wheel (Triton 2.51, Python backend) on REPOSITORY,
+        """Run the tritonserver of the nvidia-pytriton wheel (Triton 2.51, Python backend) on REPO,
         with everything its Python backend needs from this Python, venv or not. Arguments after `--` go
         to tritonserver as they are. Stops cleanly on Ctrl-C or SIGTERM."""
         from api.triton_server import TritonLaunch, TritonServerError, run_until_stopped

@@ -110,6 +110,8 @@ def test_cli_errors_are_one_line(toy_model_dir: Path, python_repo: Path, tmp_pat
     for flag, value in (("--http-port", "0"), ("--grpc-port", "70000"), ("--metrics-port", "-1")):
         code, output = run_cli("triton-server", str(python_repo), flag, value)
         assert code == 2 and f"{flag} must be" in output, output
+    code, output = run_cli("triton-server", str(python_repo), "--http-prot", "9000")  # a typo is not for tritonserver
+    assert code == 2 and "No such option: --http-prot" in output
 
 
 def test_without_the_wheel_it_says_what_to_install(python_repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
