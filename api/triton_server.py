@@ -20,9 +20,11 @@ What the wheel cannot serve is refused before starting: a model whose backend (`
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import ctypes
 import errno
+import importlib.util
 import os
 import platform
 import re
@@ -60,6 +62,8 @@ _PLATFORM_BACKENDS = {
     "tensorflow_savedmodel": "tensorflow",
     "tensorflow_graphdef": "tensorflow",
 }
+_BACKEND_UTILS = "triton_python_backend_utils"  # the stub provides it
+_PIP_NAMES = {"PIL": "pillow"}  # import name → what to pip install, where they differ
 _TOP_LEVEL_FIELD = re.compile(r'^(backend|platform)\s*:\s*"([^"]*)"', re.MULTILINE)
 
 
@@ -127,6 +131,28 @@ def repository_models(repository: Path, backends: set[str]) -> list[str]:
                 f"does not have (it has: {', '.join(sorted(backends))}); {hint}"
             )
     return [c.parent.name for c in configs]
+
+
+def missing_imports(repository: Path) -> list[tuple[str, str]]:
+    """(model, module) for each package a Python model of `repository` imports that this interpreter
+    cannot find: the stub runs this interpreter, so a missing Pillow is said here in one line, not
+    as a traceback in Triton's log after every other model has loaded."""
+    missing = []
+    for source in sorted(repository.glob("*/[0-9]*/model.py")):
+        try:
+            tree = ast.parse(source.read_bytes(), filename=str(source))
+        except (OSError, SyntaxError, ValueError):
+            continue  # Triton reports a model it cannot load itself
+        modules: set[str] = set()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                modules.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                modules.add(node.module.split(".")[0])
+        for module in sorted(modules - set(sys.stdlib_module_names) - {_BACKEND_UTILS}):
+            if importlib.util.find_spec(module) is None:
+                missing.append((source.parent.parent.name, module))
+    return missing
 
 
 def libpython_dir() -> Path:
@@ -222,6 +248,13 @@ class TritonServer:
     def _prepare(self) -> tuple[Path, Path]:
         root = wheel_root()
         self.models = repository_models(self.launch.repository, wheel_backends(root))
+        missing = missing_imports(self.launch.repository)
+        if missing:
+            model, module = missing[0]
+            raise TritonServerError(
+                f"model '{model}' imports {module}, which this Python does not have: "
+                f"`{sys.executable} -m pip install {_PIP_NAMES.get(module, module)}`"
+            )
         ports = {"HTTP": self.launch.http_port, "gRPC": self.launch.grpc_port, "metrics": self.launch.metrics_port}
         used = [p for p in ports.values() if p]
         if len(set(used)) != len(used):

@@ -114,6 +114,25 @@ def test_cli_errors_are_one_line(toy_model_dir: Path, python_repo: Path, tmp_pat
     assert code == 2 and "No such option: --http-prot" in output
 
 
+@needs_wheel
+def test_a_package_the_models_import_and_this_python_lacks_is_named(
+    python_repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert triton_server.missing_imports(python_repo) == []  # numpy, Pillow, onnxruntime: all here
+    repo = tmp_path / "repo"
+    shutil.copytree(python_repo, repo)
+    real_find_spec = triton_server.importlib.util.find_spec
+    monkeypatch.setattr(
+        triton_server.importlib.util, "find_spec", lambda name: None if name == "PIL" else real_find_spec(name)
+    )
+    assert triton_server.missing_imports(repo) == [("preprocess", "PIL")]
+    code, output = run_cli("triton-server", str(repo), "--grpc-port", "0")
+    assert code == 1 and output == (
+        f"error: model 'preprocess' imports PIL, which this Python does not have: "
+        f"`{sys.executable} -m pip install pillow`\n"
+    )
+
+
 def test_without_the_wheel_it_says_what_to_install(python_repo: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(triton_server, "unavailable_reason", lambda: None)  # any platform: the wheel is missing
     monkeypatch.setitem(sys.modules, "pytriton", None)  # `import pytriton` raises ImportError
