@@ -185,13 +185,6 @@ def interpreter_bin(workdir: Path) -> Path:
     return folder
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nobody listens on now (for tests and benchmarks that start servers)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 def _check_port_free(host: str, port: int, what: str) -> None:
     """Fail now, in one line, where tritonserver would fail after loading every model."""
     with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:

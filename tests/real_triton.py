@@ -27,9 +27,10 @@ from pathlib import Path
 
 import httpx
 
-from api.triton_server import free_port, unavailable_reason
+from api.triton_server import unavailable_reason
+from tests.kserve_server import free_port
 
-__all__ = ["CNCLIP", "RealTriton", "free_port", "unavailable_reason"]
+__all__ = ["CNCLIP", "RealTriton", "unavailable_reason"]
 
 STARTUP_TIMEOUT_S = 90.0
 CNCLIP = [sys.executable, "-c", "from demo.cli import main; main()"]  # the `cnclip` program, this interpreter

@@ -27,8 +27,8 @@ from api.cli import build_cli
 from api.triton_server import TritonLaunch, TritonServerError, repository_models
 from retrieval.tokenizer import tokenize
 from retrieval.triton_export import ExportOptions, export_triton_repository
-from tests.kserve_server import image_file
-from tests.real_triton import CNCLIP, RealTriton, free_port, unavailable_reason
+from tests.kserve_server import free_port, image_file
+from tests.real_triton import CNCLIP, RealTriton, unavailable_reason
 
 ROOT = Path(__file__).resolve().parent.parent
 needs_wheel = pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
