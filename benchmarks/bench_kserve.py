@@ -12,8 +12,8 @@ interleaved, each `--repeats` times, for texts and for image files:
 - `remote, no-op server`: `remote` against a server whose encoder answers zeros at once, so what
   remains is the protocol's own cost (HTTP, (de)serialisation, the second process);
 - `triton (python backend)`: `TritonEncoder` → a real Triton 2.51 (nvidia-pytriton's tritonserver,
-  see tests/real_triton.py) serving `cnclip export-triton --backend python` of the same model and
-  precision: the batch-dynamic graphs in ONNX Runtime inside Python-backend stubs, Triton's dynamic
+  started by `cnclip triton-server`, see tests/real_triton.py) serving `cnclip export-triton
+  --backend python` of the same model and precision: the batch-dynamic graphs in ONNX Runtime inside Python-backend stubs, Triton's dynamic
   batcher with the buckets as preferred sizes, images decoded by the `preprocess` model of the
   ensemble. `--no-triton` leaves it out (e.g. where nvidia-pytriton cannot run).
 Each figure is the median over repeats of items/s and p50 latency at the given concurrency.

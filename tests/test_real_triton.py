@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import re
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -33,6 +34,8 @@ from tests.real_triton import RealTriton, unavailable_reason
 from tests.test_triton_export import parse_config
 
 pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
+
+README = Path(__file__).resolve().parent.parent / "README.md"
 
 MODELS = ("cnclip_text", "cnclip_image", "cnclip_image_bytes")
 
@@ -151,6 +154,38 @@ def test_concurrent_requests_are_batched_by_triton(triton: RealTriton) -> None:
     vectors = np.stack(asyncio.run(burst()))
     alone = infer(triton.url, "cnclip_text", "text", "INT64", ids[:16])
     assert cosines(vectors[:16], alone).min() >= 0.99999
+
+
+def readme_tritonclient_example() -> str:
+    """The README's tritonclient example (its one ```python block that imports tritonclient)."""
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.DOTALL)
+    examples = [block for block in blocks if "import tritonclient" in block]
+    assert len(examples) == 1, f"{len(examples)} tritonclient examples in README.md"
+    return examples[0]
+
+
+@pytest.mark.parametrize("server", ["triton", "ours"])
+def test_the_readme_tritonclient_example_works(
+    request: pytest.FixtureRequest, server: str, ours: ServerThread, tmp_path: Path
+) -> None:
+    """The README's snippet, as written there, against a real Triton (started by `cnclip triton-server`)
+    and against `cnclip serve`'s /v2: the same vectors as the in-process encoder from both."""
+    example = readme_tritonclient_example()
+    # Only the address and the photo are swapped for this test's; the rest runs as printed.
+    assert example.count('"127.0.0.1:8000"') == 1 and example.count('"photo.jpg"') == 1, example
+    photo = tmp_path / "photo.jpg"
+    photo.write_bytes(image_file((200, 30, 30), fmt="JPEG"))
+    url = request.getfixturevalue(server).url
+    code = example.replace('"127.0.0.1:8000"', repr(url)).replace('"photo.jpg"', repr(str(photo)))
+    names: dict[str, Any] = {}
+    exec(compile(code, str(README), "exec"), names)  # noqa: S102 - the README's own code, nothing from outside
+
+    local = ours.app.state.encoder
+    expected_text = ours.call(local.embed_token_ids(tokenize(["穿红色裙子的女孩"])))
+    expected_image = ours.call(local.embed_images([photo.read_bytes()]))
+    assert names["vector"].shape == (1, 32) and names["image_vector"].shape == (1, 32)
+    assert cosines(names["vector"], expected_text).min() >= 0.99999
+    assert cosines(names["image_vector"], expected_image).min() >= 0.99999
 
 
 def test_triton_refuses_more_than_max_batch_size(triton: RealTriton) -> None:
