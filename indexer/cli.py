@@ -96,7 +96,11 @@ def register(app: typer.Typer) -> None:
         ] = None,
         index_factory: Annotated[
             str | None,
-            typer.Option("--index", help="Index for a new collection (default CNCLIP_INDEX_FACTORY)."),
+            typer.Option(
+                "--index",
+                help="Index for a new collection: Flat, HNSW{M}, IVF{n},Flat or IVF{n},PQ{m}[x{bits}] "
+                "(default CNCLIP_INDEX_FACTORY).",
+            ),
         ] = None,
         restore_deleted: Annotated[
             bool,
@@ -106,6 +110,7 @@ def register(app: typer.Typer) -> None:
         """Index the images of a folder or manifest: incremental, resumable, bad files reported
         (exit status 3 when some failed). Items deleted by a user stay deleted unless --restore-deleted.
         Files indexed before photo dates existed get theirs (EXIF or mtime) without being embedded again."""
+        from indexer.index_spec import parse_index
         from indexer.names import check_collection_name
         from retrieval.errors import InvalidInput
 
@@ -114,6 +119,8 @@ def register(app: typer.Typer) -> None:
             raise InvalidInput(f"{source} does not exist")
         if batch_size is not None and batch_size < 1:
             raise InvalidInput("--batch-size must be at least 1")
+        if index_factory is not None:  # the grammar, before anything opens (the dimension: when it is created)
+            index_factory = parse_index(index_factory).description
         settings = _settings()
         summary = asyncio.run(
             _index(settings, source, collection, prune, dry_run, batch_size, index_factory, restore_deleted)
