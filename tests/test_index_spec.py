@@ -24,7 +24,7 @@ from indexer.index_spec import (
     parse_index,
 )
 from indexer.milvus_plan import IndexPlan, plan_index
-from indexer.vector_index import SearchTuning, VectorIndex
+from indexer.vector_index import IndexFileError, SearchTuning, VectorIndex
 from tests.indexer_helpers import cli_env, open_test_catalog, random_unit, write_images
 from tests.test_many_processes import running_server
 
@@ -190,3 +190,15 @@ def test_a_server_process_answers_the_corpus_with_422_and_stays_alive(tmp_path: 
             assert client.get("/healthz").status_code == 200, text  # the process is alive and answering
         made = client.post("/v1/collections", json={"name": "c", "kind": "images", "index": "IVF64,PQ4x4"})
         assert made.status_code == 201 and made.json()["index"] == "IVF64,PQ4x4", made.text
+
+
+def test_a_file_trained_from_a_description_outside_the_grammar_is_rebuilt_not_loaded(tmp_path: Path) -> None:
+    legacy = VectorIndex(DIM, "IVF8,SQ8", "m")
+    legacy.add(np.arange(5, dtype=np.int64), random_unit(5, DIM))
+    legacy.active = "IVF8,SQ8"  # as an older version, which built it by trying, saved it
+    legacy.save(tmp_path / "c.faiss")
+    with pytest.raises(IndexFileError, match="does not build"):
+        VectorIndex.load(tmp_path / "c.faiss", DIM, "IVF8,SQ8", "m")
+    legacy.active = "Flat"  # never trained: its Flat file is used as it is
+    legacy.save(tmp_path / "c.faiss")
+    assert VectorIndex.load(tmp_path / "c.faiss", DIM, "IVF8,SQ8", "m").ntotal == 5
