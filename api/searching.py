@@ -9,6 +9,7 @@ from datetime import datetime
 from pathlib import PurePath
 
 from api.schemas import Filters, ItemOut, SearchResponse, SearchResult
+from indexer.file_names import printable
 from indexer.service import Found, SearchPage
 from indexer.types import ItemRecord, SearchFilters
 
@@ -39,7 +40,7 @@ def image_urls(item: ItemRecord) -> tuple[str | None, str | None]:
 
 def file_names(item: ItemRecord) -> tuple[str | None, str | None]:
     """(file name, path relative to the indexed folder) of a bulk-indexed file; the server's own
-    absolute paths are never shown."""
+    absolute paths are never shown. Undecodable bytes of a name are shown as `\\xNN` (JSON is text)."""
     if not item.path:
         return None, None
     path = PurePath(item.path)
@@ -49,7 +50,7 @@ def file_names(item: ItemRecord) -> tuple[str | None, str | None]:
             relative = path.relative_to(item.root).as_posix()
         except ValueError:
             relative = None
-    return path.name, relative
+    return printable(path.name), printable(relative) if relative is not None else None
 
 
 def item_out(item: ItemRecord) -> ItemOut:

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy import Engine
 
+from indexer.index_spec import parse_index
 from indexer.media import media_root
 from indexer.media_check import verified_media_path
 from indexer.names import check_collection_name, collection_key
@@ -98,14 +99,16 @@ class SqlCatalog:
     def create_collection(
         self, name: str, kind: CollectionKind, model: str, dim: int, index: str = "Flat"
     ) -> CollectionInfo:
-        """A new empty collection; `Conflict` if the name is taken (case-insensitively)."""
+        """A new empty collection; `Conflict` if the name is taken (case-insensitively). The index
+        description is parsed (indexer/index_spec.py) and stored in its one spelling."""
         check_collection_name(name)
         if kind not in ("images", "texts"):
             raise InvalidInput("kind must be 'images' or 'texts'")
         if dim < 1 or not model:
             raise InvalidInput("a collection needs a model id and a positive dim")
-        self.vectors.validate(index, dim)
-        state = self.rows.create_collection(name, kind, model, dim, index)
+        description = parse_index(index, dim).description  # before any engine sees the text
+        self.vectors.validate(description, dim)  # the engine's own limits (Milvus: dimensions)
+        state = self.rows.create_collection(name, kind, model, dim, description)
         return self._info(state, 0)
 
     def ensure_collection(
@@ -116,7 +119,7 @@ class SqlCatalog:
             info = self.get_collection(name)
         except NotFound:
             try:
-                return self.create_collection(name, kind, model, dim, index or "Flat")
+                return self.create_collection(name, kind, model, dim, "Flat" if index is None else index)
             except Conflict:  # another process created it just now
                 info = self.get_collection(name)
         if (info.kind, info.dim) != (kind, dim) or not same_model(info.model, model):

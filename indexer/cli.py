@@ -96,7 +96,11 @@ def register(app: typer.Typer) -> None:
         ] = None,
         index_factory: Annotated[
             str | None,
-            typer.Option("--index", help="Index for a new collection (default CNCLIP_INDEX_FACTORY)."),
+            typer.Option(
+                "--index",
+                help="Index for a new collection: Flat, HNSW{M}, IVF{n},Flat or IVF{n},PQ{m}[x{bits}] "
+                "(default CNCLIP_INDEX_FACTORY).",
+            ),
         ] = None,
         restore_deleted: Annotated[
             bool,
@@ -106,6 +110,7 @@ def register(app: typer.Typer) -> None:
         """Index the images of a folder or manifest: incremental, resumable, bad files reported
         (exit status 3 when some failed). Items deleted by a user stay deleted unless --restore-deleted.
         Files indexed before photo dates existed get theirs (EXIF or mtime) without being embedded again."""
+        from indexer.index_spec import parse_index
         from indexer.names import check_collection_name
         from retrieval.errors import InvalidInput
 
@@ -114,6 +119,8 @@ def register(app: typer.Typer) -> None:
             raise InvalidInput(f"{source} does not exist")
         if batch_size is not None and batch_size < 1:
             raise InvalidInput("--batch-size must be at least 1")
+        if index_factory is not None:  # the grammar, before anything opens (the dimension: when it is created)
+            index_factory = parse_index(index_factory).description
         settings = _settings()
         summary = asyncio.run(
             _index(settings, source, collection, prune, dry_run, batch_size, index_factory, restore_deleted)
@@ -332,6 +339,7 @@ async def _index_texts(settings: StorageSettings, collection: str, texts: list[A
 
 async def _search(settings: StorageSettings, text: str, collection: str | None, page: PageRequest) -> dict[str, Any]:
     from indexer.engines import open_catalog
+    from indexer.file_names import printable
     from indexer.service import collection_service
     from retrieval.encoder import create_encoder
 
@@ -347,7 +355,7 @@ async def _search(settings: StorageSettings, text: str, collection: str | None, 
             {
                 "id": f.item.id,
                 "score": round(f.score, 6),
-                "path": f.item.path,
+                "path": printable(f.item.path) if f.item.path is not None else None,
                 "caption": f.item.caption,
                 "taken_at": f.item.taken_at.isoformat() if f.item.taken_at else None,
                 "taken_at_source": f.item.taken_source,
@@ -372,10 +380,13 @@ def _stamp() -> str:
 
 
 def _write_report(path: Path, failures: list[tuple[str, str]]) -> None:
+    from indexer.file_names import printable
+
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "w", encoding="utf-8") as f:
         for where, why in failures:
-            f.write(json.dumps({"path": where, "reason": why}, ensure_ascii=False) + "\n")
+            # A name with undecodable bytes is shown as `\\xNN`: the report is UTF-8 text.
+            f.write(json.dumps({"path": printable(where), "reason": printable(why)}, ensure_ascii=False) + "\n")
 
 
 def _print_summary(summary: IndexSummary, dry_run: bool) -> None:
@@ -395,7 +406,9 @@ def _print_summary(summary: IndexSummary, dry_run: bool) -> None:
             f"not images {summary.not_images}, deleted earlier {summary.deleted_before}); failed {len(summary.failures)}; "
             f"pruned {summary.pruned}{dated}; {summary.seconds:.1f} s{rate}"
         )
+    from indexer.file_names import printable
+
     for where, why in summary.failures[:SHOWN_FAILURES]:
-        typer.echo(f"  bad: {where}: {why}")
+        typer.echo(f"  bad: {printable(where)}: {printable(why)}")
     if len(summary.failures) > SHOWN_FAILURES:
         typer.echo(f"  … and {len(summary.failures) - SHOWN_FAILURES} more")

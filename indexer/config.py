@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 
+from indexer.index_spec import InvalidIndexDescription, parse_index
 from retrieval.config import RuntimeSettings
 
 
@@ -18,8 +19,8 @@ class StorageSettings(RuntimeSettings):
     )
     index_factory: str = Field(
         "Flat",
-        description="Index of new collections, as a FAISS factory string: Flat, HNSW32, IVF4096,Flat, IVF4096,PQ64 "
-        "(Milvus maps these to FLAT, HNSW, IVF_FLAT, IVF_PQ).",
+        description="Index of new collections: Flat, HNSW{M}, IVF{n},Flat or IVF{n},PQ{m}[x{bits}], e.g. HNSW32, "
+        "IVF4096,Flat, IVF4096,PQ64 (Milvus maps these to FLAT, HNSW, IVF_FLAT, IVF_PQ).",
     )
     index_train_min: int = Field(
         10_000, ge=1, description="Vectors a collection needs before a non-Flat factory is trained (Flat until then)."
@@ -52,6 +53,15 @@ class StorageSettings(RuntimeSettings):
         description="How often a search checks (one indexed SQL query) whether another process changed its collection.",
     )
     max_collections: int = Field(1000, ge=1, description="Most collections a catalog may hold (creation beyond: 409).")
+
+    @field_validator("index_factory")
+    @classmethod
+    def _parsed_index(cls, value: str) -> str:
+        # The grammar of indexer/index_spec.py (the vector dimension is checked when a collection is made).
+        try:
+            return parse_index(value).description
+        except InvalidIndexDescription as exc:
+            raise ValueError(exc.message) from None
 
     @property
     def milvus_uri_or_default(self) -> str:

@@ -2,9 +2,9 @@
 
 No pymilvus import here, so these rules are checked without a Milvus (and `validate` costs nothing).
 
-Index mapping (the same description strings as FAISS, so one collection can move between engines):
-`Flat` -> FLAT, `IVF{n},Flat` -> IVF_FLAT(nlist=n), `HNSW{M}` / `HNSW{M},Flat` -> HNSW(M,
-efConstruction=128), `IVF{n},PQ{m}` -> IVF_PQ(nlist=n, m, nbits=8). Milvus Lite 3.2 cannot build
+Index mapping (the same descriptions as FAISS, parsed by indexer/index_spec.py into one record, so
+one collection can move between engines): `Flat` -> FLAT, `IVF{n},Flat` -> IVF_FLAT(nlist=n), `HNSW{M}` / `HNSW{M},Flat` -> HNSW(M,
+efConstruction=128), `IVF{n},PQ{m}[x{bits}]` -> IVF_PQ(nlist=n, m, nbits=bits, 8 by default). Milvus Lite 3.2 cannot build
 IVF_PQ (its index factory raises NotImplementedError in a background build and silently keeps
 searching unindexed segments by brute force), so on Lite `IVF{n},PQ{m}` becomes IVF_SQ8(nlist=n):
 the compressed IVF that Lite does build. We map instead of refusing because the description is a
@@ -25,11 +25,11 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from indexer.index_spec import parse_index
 from indexer.types import SearchFilters
 from indexer.vector_index import SearchTuning
 from retrieval.errors import InvalidInput
 
-MAX_NLIST = 65_536  # Milvus's bound for nlist
 MAX_DIM = 32_768  # Milvus's bound for FLOAT_VECTOR dim
 EF_CONSTRUCTION = 128  # between FAISS's 40 (fast, lower recall) and Milvus's 200 (slow builds at 1M)
 MAX_TOPK = 16_384  # Milvus refuses a larger limit
@@ -37,11 +37,6 @@ EPOCH = datetime(1970, 1, 1)
 # taken_at of an item with no known date: Milvus Lite's nullable scalars do not compare like SQL's
 # NULL, so an unknown date is a value far before any photo, kept out of every taken filter explicitly.
 NO_TAKEN = -(2**62)
-
-_FLAT = re.compile(r"Flat")
-_IVF_FLAT = re.compile(r"IVF(\d+),Flat")
-_HNSW = re.compile(r"HNSW(\d*)(,Flat)?")
-_IVF_PQ = re.compile(r"IVF(\d+),PQ(\d+)(x8)?")
 
 
 @dataclass(frozen=True)
@@ -73,38 +68,20 @@ class IndexPlan:
 
 
 def plan_index(factory: str, dim: int, lite: bool) -> IndexPlan:
-    """The Milvus index for a FAISS-style description; `InvalidInput` for anything else."""
-    if len(factory) > 200 or not factory.isascii() or not factory.strip():
-        raise InvalidInput("an index description is at most 200 ASCII characters, e.g. Flat, HNSW32, IVF1024,Flat")
+    """The Milvus index for a description of indexer/index_spec.py's grammar; `InvalidInput` for
+    anything else (the grammar's bounds are within Milvus's: nlist <= 65536, 2 <= M <= 2048)."""
     if not 1 <= dim <= MAX_DIM:
         raise InvalidInput(f"Milvus holds vectors of 1 to {MAX_DIM} dimensions, not {dim}")
-    description = factory.strip()
-    if _FLAT.fullmatch(description):
-        return IndexPlan("FLAT")
-    if match := _IVF_FLAT.fullmatch(description):
-        return IndexPlan("IVF_FLAT", {"nlist": _nlist(match.group(1))})
-    if match := _HNSW.fullmatch(description):
-        links = int(match.group(1) or 32)  # FAISS reads a bare HNSW as HNSW32
-        if not 2 <= links <= 2048:
-            raise InvalidInput(f"HNSW needs 2 to 2048 links per node in Milvus, not {links}")
-        return IndexPlan("HNSW", {"M": links, "efConstruction": EF_CONSTRUCTION})
-    if match := _IVF_PQ.fullmatch(description):
-        nlist, parts = _nlist(match.group(1)), int(match.group(2))
-        if parts < 1 or dim % parts:
-            raise InvalidInput(f"PQ{parts} needs a number of sub-vectors that divides the dimension {dim}")
+    spec = parse_index(factory, dim)
+    if spec.kind == "ivf_flat":
+        return IndexPlan("IVF_FLAT", {"nlist": spec.lists})
+    if spec.kind == "hnsw":
+        return IndexPlan("HNSW", {"M": spec.links, "efConstruction": EF_CONSTRUCTION})
+    if spec.kind == "ivf_pq":
         if lite:  # see the module docstring: Lite cannot build IVF_PQ
-            return IndexPlan("IVF_SQ8", {"nlist": nlist})
-        return IndexPlan("IVF_PQ", {"nlist": nlist, "m": parts, "nbits": 8})
-    raise InvalidInput(
-        f"the Milvus engine builds Flat, IVF{{n}},Flat, HNSW{{M}} and IVF{{n}},PQ{{m}}, not {factory[:60]!r}"
-    )
-
-
-def _nlist(text: str) -> int:
-    lists = int(text)
-    if not 1 <= lists <= MAX_NLIST:
-        raise InvalidInput(f"IVF needs 1 to {MAX_NLIST} lists in Milvus, not {lists}")
-    return lists
+            return IndexPlan("IVF_SQ8", {"nlist": spec.lists})
+        return IndexPlan("IVF_PQ", {"nlist": spec.lists, "m": spec.parts, "nbits": spec.bits})
+    return IndexPlan("FLAT")
 
 
 def micros(moment: datetime) -> int:

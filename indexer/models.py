@@ -26,11 +26,29 @@ from sqlalchemy import (
     Text,
     UniqueConstraint,
 )
+from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.types import TypeDecorator
+
+from indexer.file_names import from_sql, to_sql
 
 # SQLite only gives AUTOINCREMENT (ids never reused) to INTEGER PRIMARY KEY; ids must never be
 # reused, or a stale FAISS vector could be taken for a new row after a crash.
 ItemId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+class FilePath(TypeDecorator[str]):
+    """A file path in a TEXT column: undecodable bytes of a name round-trip (indexer/file_names.py),
+    for every query that names the column (inserts, updates, filters and results alike)."""
+
+    impl = Text
+    cache_ok = True
+
+    def process_bind_param(self, value: str | None, dialect: Dialect) -> str | None:
+        return None if value is None else to_sql(value)
+
+    def process_result_value(self, value: str | None, dialect: Dialect) -> str | None:
+        return None if value is None else from_sql(value)
 
 
 def utcnow() -> datetime:
@@ -76,8 +94,8 @@ class ItemRow(Base):
 
     id: Mapped[int] = mapped_column(ItemId, primary_key=True, autoincrement=True)
     collection_id: Mapped[int] = mapped_column(ForeignKey("collections.id", ondelete="CASCADE"))
-    path: Mapped[str | None] = mapped_column(Text)  # source file of a bulk-indexed image
-    root: Mapped[str | None] = mapped_column(Text)  # the indexed folder `path` was found under
+    path: Mapped[str | None] = mapped_column(FilePath)  # source file of a bulk-indexed image
+    root: Mapped[str | None] = mapped_column(FilePath)  # the indexed folder `path` was found under
     sha256: Mapped[str] = mapped_column(String(64))
     size: Mapped[int | None] = mapped_column(BigInteger)
     mime: Mapped[str | None] = mapped_column(String(64))
@@ -117,7 +135,7 @@ class DeletedItemRow(Base):
     reason: Mapped[str] = mapped_column(String(16))  # user | pruned | replaced
     remembered: Mapped[bool] = mapped_column(Boolean, default=False)
     sha256: Mapped[str] = mapped_column(String(64))
-    path: Mapped[str | None] = mapped_column(Text)
+    path: Mapped[str | None] = mapped_column(FilePath)
     deleted_at: Mapped[datetime] = mapped_column(DateTime(), default=utcnow)
 
 

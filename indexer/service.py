@@ -119,7 +119,7 @@ class CollectionService:
                 "delete one first"
             )
         info = self.catalog.create_collection(
-            name, kind, self.model.model_id, self.model.dim, index or self.default_factory
+            name, kind, self.model.model_id, self.model.dim, self.default_factory if index is None else index
         )
         self._defaults.pop(kind, None)
         return info

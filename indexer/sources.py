@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from indexer.file_names import check_file_name
 from retrieval.errors import InvalidInput
 
 MANIFEST_SUFFIXES = {".jsonl", ".csv"}
@@ -73,6 +74,7 @@ def _entry(base: Path, row: dict[str, Any]) -> SourceEntry:
     raw = row.get("path")
     if not isinstance(raw, str) or not raw:
         raise ValueError("no 'path'")
+    check_file_name(raw)  # NUL or a lone surrogate: no file has that name (os functions would raise)
     caption = row.get("caption")
     if caption is not None and not isinstance(caption, str):
         raise ValueError("'caption' must be a string")

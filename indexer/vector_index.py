@@ -1,7 +1,9 @@
 """One FAISS index per collection: ID-mapped (ids = SQL primary keys), inner product, derived data.
 
-`Flat` until the collection is large enough to train its configured factory (IVF, HNSW, PQ);
-approximate indexes fetch k·r candidates and re-rank them exactly with the stored vectors.
+`Flat` until the collection is large enough to train its configured index (IVF, HNSW, PQ);
+approximate indexes fetch k·r candidates and re-rank them exactly with the stored vectors. The
+configured description is parsed (indexer/index_spec.py); FAISS's factory only ever sees the
+string re-rendered from the parsed record, never the stored text itself.
 Files are written whole and atomically (temp file, fsync, rename) with a checksum, so a reader
 sees the old index or the new one, and a damaged file is detected and rebuilt from SQL.
 """
@@ -9,8 +11,8 @@ sees the old index or the new one, and a damaged file is detected and rebuilt fr
 from __future__ import annotations
 
 import json
+import logging
 import os
-import re
 import struct
 import threading
 import zlib
@@ -22,6 +24,10 @@ from typing import Any
 
 import faiss
 import numpy as np
+
+from indexer.index_spec import FLAT, IndexSpec, InvalidIndexDescription, parse_index
+
+log = logging.getLogger(__name__)
 
 MAGIC = b"CNCLIPIX1"
 FetchVectors = Callable[[np.ndarray], np.ndarray]  # ids -> (len(ids), dim) float32, same order
@@ -79,22 +85,22 @@ class SearchTuning:
     exact_filter_max: int = 4096  # filters matching at most this many items are searched exactly
 
 
-def _nlist(factory: str) -> int:
-    match = re.search(r"IVF(\d+)", factory)
-    return int(match.group(1)) if match else 0
-
-
-def training_threshold(factory: str, tuning: SearchTuning) -> int:
-    """Vectors a collection needs before `factory` replaces Flat (IVF wants ~39 points per list)."""
-    if factory == "Flat":
+def training_threshold(spec: IndexSpec, tuning: SearchTuning) -> int:
+    """Vectors a collection needs before `spec` replaces Flat (IVF wants ~39 points per list)."""
+    if not spec.needs_training:
         return 0
-    return max(tuning.train_min, 39 * _nlist(factory))
+    return max(tuning.train_min, 39 * spec.lists)
 
 
-def scores_are_exact(factory: str) -> bool:
-    """Whether an index stores full vectors (Flat, IVF…,Flat, HNSW…): its scores need no re-rank,
-    only compressed codes (PQ, SQ, …) do."""
-    return not re.search(r"PQ|SQ|LSH|RQ|RaBitQ", factory)
+def stored_spec(factory: str, dim: int) -> IndexSpec | None:
+    """The parsed description of a stored collection; None for one an older version accepted by
+    trying it in FAISS (`OPQ16,IVF64,PQ16`, `IVF64,SQ8`): such a collection is searched exactly
+    (Flat) and never trained, rather than handing its text to FAISS."""
+    try:
+        return parse_index(factory, dim)
+    except InvalidIndexDescription as exc:
+        log.warning("index %r is not one this version builds (%s): searching it exactly (Flat)", factory, exc)
+        return None
 
 
 def id_checksum(ids: np.ndarray) -> int:
@@ -108,7 +114,9 @@ class VectorIndex:
 
     def __init__(self, dim: int, factory: str = "Flat", model: str = "", tuning: SearchTuning | None = None) -> None:
         self.dim = dim
-        self.factory = factory  # configured target
+        self.factory = factory  # configured target, as stored (the file's metadata must match it)
+        self.parsed = stored_spec(factory, dim)
+        self.spec = self.parsed or FLAT  # what training builds
         self.model = model
         self.tuning = tuning or SearchTuning()
         self.active = "Flat"  # what the index is now: Flat, or `factory` once trained
@@ -152,18 +160,24 @@ class VectorIndex:
             self.index, self.active, self.tombstones = other.index, other.active, other.tombstones
 
     # --- training -----------------------------------------------------------------------------
+    @property
+    def active_spec(self) -> IndexSpec:
+        """What the index is now: Flat until trained, then the configured spec."""
+        return FLAT if self.active == "Flat" else self.spec
+
     def wants_training(self, count: int) -> bool:
         return (
             self.active != self.factory
-            and self.factory != "Flat"
-            and count >= training_threshold(self.factory, self.tuning)
+            and self.spec.needs_training
+            and count >= training_threshold(self.spec, self.tuning)
         )
 
     def build(self, ids: np.ndarray, fetch: FetchVectors, chunk: int = 20_000) -> VectorIndex:
         """A new index of this one's kind holding `ids` (vectors from `fetch`), trained if large enough."""
         fresh = VectorIndex(self.dim, self.factory, self.model, self.tuning)
         if fresh.wants_training(len(ids)):
-            inner = faiss.index_factory(self.dim, self.factory, faiss.METRIC_INNER_PRODUCT)
+            # Only the re-rendered description of a parsed spec reaches FAISS (indexer/index_spec.py).
+            inner = faiss.index_factory(self.dim, self.spec.description, faiss.METRIC_INNER_PRODUCT)
             ivf = faiss.try_extract_index_ivf(inner)
             # Any: faiss's stubs type downcast_index as the base Index, which lacks the IVF-PQ field.
             concrete: Any = faiss.downcast_index(ivf) if ivf is not None else None
@@ -172,7 +186,7 @@ class VectorIndex:
                 concrete.do_polysemous_training = False
             if not inner.is_trained:
                 # 64 points per IVF list (faiss wants ≥ 39), at least 50k for PQ codebooks.
-                sample_size = min(len(ids), max(50_000, 64 * _nlist(self.factory)))
+                sample_size = min(len(ids), max(50_000, 64 * self.spec.lists))
                 rng = np.random.default_rng(0)
                 sample = np.sort(rng.choice(ids, size=sample_size, replace=False))
                 inner.train(np.ascontiguousarray(fetch(sample), dtype=np.float32))
@@ -187,9 +201,10 @@ class VectorIndex:
     def _params(self, selector: faiss.IDSelector | None) -> faiss.SearchParameters | None:
         # faiss's stubs lack these keyword constructors; they exist at run time (faiss >= 1.7.3).
         inner = faiss.downcast_index(self.index.index)
-        if "HNSW" in self.active and hasattr(inner, "hnsw"):
+        kind = self.active_spec.kind
+        if kind == "hnsw" and hasattr(inner, "hnsw"):
             return faiss.SearchParametersHNSW(sel=selector, efSearch=self.tuning.ef_search)  # type: ignore[attr-defined,no-any-return]
-        if "IVF" in self.active:
+        if kind in ("ivf_flat", "ivf_pq"):
             return faiss.SearchParametersIVF(sel=selector, nprobe=self.tuning.nprobe)  # type: ignore[call-arg]
         return faiss.SearchParameters(sel=selector) if selector is not None else None  # type: ignore[call-arg]
 
@@ -201,7 +216,7 @@ class VectorIndex:
         if allowed is not None and self.tombstones:
             allowed = allowed[~np.isin(allowed, np.fromiter(self.tombstones, dtype=np.int64))]
         complete = self.active == "Flat"  # exhaustive: nothing can be missed
-        exact = complete or scores_are_exact(self.active)
+        exact = complete or self.active_spec.exact_scores
         if allowed is not None and not complete and len(allowed) <= max(self.tuning.exact_filter_max, k):
             return _exact(query, allowed, fetch(allowed), k)
         with self.lock.read():
@@ -278,6 +293,9 @@ class VectorIndex:
         if (meta["dim"], meta["factory"], meta["model"]) != (dim, factory, model):
             raise IndexFileError("made for another dim, factory or model")
         loaded = cls(dim, factory, model, tuning)
+        if meta["active"] != "Flat" and loaded.parsed is None:
+            # Trained by an older version from a description this one does not parse: rebuild as Flat.
+            raise IndexFileError(f"trained as {factory!r}, an index this version does not build")
         loaded.index = faiss.deserialize_index(np.frombuffer(body, dtype=np.uint8))  # type: ignore[assignment]
         loaded.active = meta["active"]
         loaded.tombstones = set(meta["tombstones"])
