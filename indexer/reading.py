@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from indexer.sources import SourceEntry, looks_like_image
@@ -28,8 +29,13 @@ class PreparedFile:
     taken: Taken
 
 
-def read_file(entry: SourceEntry, state: FileState | None) -> PreparedFile | tuple[str, str] | None:
-    """Read, hash and probe one file (reader thread). None: not an image; (path, reason): a bad file."""
+def read_file(
+    entry: SourceEntry, state: FileState | None, decode: Callable[[bytes], object] | None = None
+) -> PreparedFile | tuple[str, str] | None:
+    """Read, hash and probe one file (reader thread). None: not an image; (path, reason): a bad file.
+
+    `decode` (the dry run): also decode the pixels the way the encoder will, so that a file whose
+    header is fine but whose data is not (a truncated JPEG) fails here as it fails in a real run."""
     try:
         stat = entry.path.stat()
         data = entry.path.read_bytes()
@@ -37,6 +43,8 @@ def read_file(entry: SourceEntry, state: FileState | None) -> PreparedFile | tup
         return str(entry.path), f"cannot read: {exc.strerror or exc}"
     try:
         mime, width, height = probe_image(data)
+        if decode is not None:
+            decode(data)
     except InvalidImage as exc:
         if entry.listed or looks_like_image(entry.path, data[:16]):
             return str(entry.path), exc.message

@@ -85,6 +85,10 @@ def test_red_stars_are_found(client: TestClient, gallery: list[dataset.Sample]) 
     assert all(a.colour == "红色" for a in found)
     assert all(a.shape == "星形" for a in found[: min(5, red_stars)])
     assert results[0]["image_url"] and "红色" in results[0]["tags"]
+    # Like any `cnclip index` item, a demo picture has its path relative to the indexed folder (the manifest's).
+    assert results[0]["filename"].startswith("demo-") and results[0]["path"] == f"images/{results[0]['filename']}"
+    item = client.get(f"/v1/items/{results[0]['id']}").json()
+    assert item["path"] == results[0]["path"]
 
 
 def test_heldout_text_to_image_recall(client: TestClient, gallery: list[dataset.Sample]) -> None:
