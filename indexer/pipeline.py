@@ -329,15 +329,19 @@ class ImageIndexer:
             deleted = self.catalog.remembered_deletions(self.collection)
         except NotFound:  # a collection a real run would create
             contents, deleted = {}, set()
-        # What the encoder runs on every image (retrieval/encoder.py), with the same limits: an image
-        # it would refuse is counted as failing, not as one to embed (and not again after every run).
+        # What the encoder runs on every image it embeds (retrieval/encoder.py), with the same limits:
+        # an image it would refuse is counted as failing, not as one to embed (and not again after
+        # every run). Decoded by the reader threads; only the files routed to the encoder count.
         decode = functools.partial(
             preprocess_image, max_bytes=self.catalog.max_image_bytes, max_pixels=self.catalog.max_image_pixels
         )
         pending_shas: set[str] = set()
         async for prepared in self._read(todo, summary, stop, decode):
             if self._route(prepared, contents, deleted, pending_shas, summary) == "embed":
-                summary.would_index += 1
+                if prepared.decode_error is None:
+                    summary.would_index += 1
+                else:
+                    summary.failures.append((str(prepared.entry.path), prepared.decode_error))
             report(summary)
         report(summary)  # the files that failed after the last good one
 

@@ -27,6 +27,7 @@ class PreparedFile:
     mtime: float
     replaces: int | None  # the row of this path's previous content
     taken: Taken
+    decode_error: str | None = None  # (the dry run) why the encoder would refuse the pixels
 
 
 def read_file(
@@ -34,8 +35,8 @@ def read_file(
 ) -> PreparedFile | tuple[str, str] | None:
     """Read, hash and probe one file (reader thread). None: not an image; (path, reason): a bad file.
 
-    `decode` (the dry run): also decode the pixels the way the encoder will, so that a file whose
-    header is fine but whose data is not (a truncated JPEG) fails here as it fails in a real run."""
+    `decode` (the dry run): also decode the pixels the way the encoder will and keep why that fails
+    (a truncated JPEG: its header is fine, its data is not), for the files the run would embed."""
     try:
         stat = entry.path.stat()
         data = entry.path.read_bytes()
@@ -43,8 +44,6 @@ def read_file(
         return str(entry.path), f"cannot read: {exc.strerror or exc}"
     try:
         mime, width, height = probe_image(data)
-        if decode is not None:
-            decode(data)
     except InvalidImage as exc:
         if entry.listed or looks_like_image(entry.path, data[:16]):
             return str(entry.path), exc.message
@@ -52,7 +51,13 @@ def read_file(
     sha = hashlib.sha256(data).hexdigest()
     replaces = state.id if state is not None and state.sha256 != sha else None
     taken = taken_of(data, stat.st_mtime)
-    return PreparedFile(entry, data, sha, mime, width, height, len(data), stat.st_mtime, replaces, taken)
+    decode_error = None
+    if decode is not None:
+        try:
+            decode(data)
+        except InvalidImage as exc:
+            decode_error = exc.message
+    return PreparedFile(entry, data, sha, mime, width, height, len(data), stat.st_mtime, replaces, taken, decode_error)
 
 
 def read_taken(entry: SourceEntry) -> Taken | None:

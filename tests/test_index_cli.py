@@ -221,6 +221,7 @@ def test_dry_run_counts_exactly_what_the_real_run_embeds(
     whole = jpeg(99, (64, 64))
     truncated = folder / "cut.jpg"
     truncated.write_bytes(whole[: len(whole) * 2 // 3])
+    (folder / "cut2.jpg").write_bytes(truncated.read_bytes())  # a copy: a duplicate, in both runs
     assert probe_image(truncated.read_bytes())[0] == "image/jpeg"  # the header alone passes
     dry_args = ["index", str(folder), "-c", "photos", "--dry-run", "--report", str(tmp_path / "dry.jsonl")]
 
@@ -231,15 +232,18 @@ def test_dry_run_counts_exactly_what_the_real_run_embeds(
         patch.setattr(LocalEncoder, "start", no_model)
         before = invoke(dry_args, env)
     assert before.exit_code == 3, before.output  # like the real run: a file would fail
-    assert "dry run: 3 images to embed, 0 to date, 0 unchanged" in before.output and "1 unreadable" in before.output
+    assert "dry run: 3 images to embed, 0 to date, 0 unchanged, 1 duplicate," in before.output
+    assert "1 unreadable" in before.output
     assert f"bad: {truncated}: the image data is corrupt or truncated" in before.output
 
     real = invoke(["index", str(folder), "-c", "photos"], env)
     assert real.exit_code == 3 and "indexed 3 new" in real.output and "failed 1" in real.output
+    assert "duplicates 1" in real.output
     assert f"bad: {truncated}: the image data is corrupt or truncated" in real.output
 
     after = invoke(dry_args, env)
-    assert "dry run: 0 images to embed, 0 to date, 3 unchanged" in after.output and "1 unreadable" in after.output
+    assert "dry run: 0 images to embed, 0 to date, 3 unchanged, 1 duplicate," in after.output
+    assert "1 unreadable" in after.output
     write_images(tmp_path / "one", 1, size=(40, 40))
     single = invoke(["index", str(tmp_path / "one"), "-c", "photos", "--dry-run"], env)
     assert single.exit_code == 0 and "dry run: 1 image to embed," in single.output
