@@ -43,7 +43,12 @@ def build_cli() -> typer.Typer:
             False, "--version", "-V", callback=print_version, is_eager=True, help="Print the version and exit."
         ),
         verbose: int = typer.Option(
-            0, "--verbose", "-v", count=True, help="Log more on stderr: -v info (the model loading), -vv debug."
+            0,
+            "--verbose",
+            "-v",
+            count=True,
+            show_default=False,
+            help="Log more on stderr: -v info (the model loading), -vv debug.",
         ),
     ) -> None:
         """Self-hosted cross-modal search for Chinese CLIP."""
