@@ -42,8 +42,20 @@ def build_cli() -> typer.Typer:
         version: bool = typer.Option(
             False, "--version", "-V", callback=print_version, is_eager=True, help="Print the version and exit."
         ),
+        verbose: int = typer.Option(
+            0,
+            "--verbose",
+            "-v",
+            count=True,
+            show_default=False,
+            help="Log more on stderr: -v info (the model loading), -vv debug.",
+        ),
     ) -> None:
         """Self-hosted cross-modal search for Chinese CLIP."""
+        from api.cli_logging import configure_logging, verbosity_level
+
+        # Before any command runs: its chatter stays off stderr unless asked for (api/cli_logging.py).
+        configure_logging(verbosity_level(verbose))
 
     @app.command()
     def version() -> None:

@@ -4,42 +4,17 @@ from __future__ import annotations
 
 import ipaddress
 import logging
-import sys
+import socket
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from api.cli_logging import SERVER_FORMAT, configure_logging, uvicorn_level, verbosity_level
+
 if TYPE_CHECKING:
     from api.config import Settings
 
-# The project's loggers; uvicorn configures only its own, so without this their INFO lines (the
-# encoder's provider/precision/buckets line at start-up) would be dropped.
-PROJECT_LOGGERS = ("cnclip", "retrieval", "indexer", "api", "demo")
-
-
-class _StderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
-    """Writes to whatever sys.stderr is at the time (a test runner may swap and close it)."""
-
-    @property  # type: ignore[override]
-    def stream(self) -> Any:
-        return sys.stderr
-
-    @stream.setter
-    def stream(self, value: Any) -> None:
-        pass
-
-
-def configure_logging(level: str) -> None:
-    """Send the project's log records to stderr at `level` (uvicorn's level names), in uvicorn's format."""
-    numeric = logging.DEBUG if level.lower() == "trace" else getattr(logging, level.upper(), logging.INFO)
-    for name in PROJECT_LOGGERS:
-        logger = logging.getLogger(name)
-        logger.setLevel(numeric)
-        if not any(getattr(h, "_cnclip", False) for h in logger.handlers):
-            handler = _StderrHandler()
-            handler.setFormatter(logging.Formatter("%(levelname)s:     %(name)s: %(message)s"))
-            handler._cnclip = True  # type: ignore[attr-defined]
-            logger.addHandler(handler)
+EXIT_ERROR = 1  # api/cli.py EXIT_STATUS: a server that cannot start is an error, like any other
 
 
 def exit_on_bad_model(settings: Settings) -> None:
@@ -57,6 +32,58 @@ def exit_on_bad_model(settings: Settings) -> None:
         raise typer.Exit(2) from exc
 
 
+def bind_listener(host: str, port: int) -> socket.socket:
+    """The server's socket, bound before the model loads: a busy port fails at once, in one line and
+    with status 1, not after the warm-up. uvicorn then serves on this very socket, so no other
+    process can take the port in between."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # proto=IPPROTO_TCP, as uvicorn's own: asyncio sets TCP_NODELAY only on sockets that say they are
+    # TCP, and without it Nagle + delayed ACKs add ~40 ms to every POST.
+    listener = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: restarts reuse the port
+    try:
+        listener.bind((host, port))
+    except (OSError, OverflowError) as exc:  # in use, not an address of this host, a port out of range
+        listener.close()
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        typer.secho(f"error: cannot listen on {host}:{port}: {reason}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(EXIT_ERROR) from None
+    return listener
+
+
+def run_server(app: Any, listener: socket.socket, **options: Any) -> None:
+    """Serve `app` with uvicorn on `listener` (from `bind_listener`). An app whose start-up fails
+    (its log says why) exits with status 1; uvicorn's own 3 is `cnclip index`'s in the README."""
+    import uvicorn
+    from uvicorn.config import STARTUP_FAILURE
+
+    host, port = listener.getsockname()[:2]
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            # uvicorn says where it listens only for sockets it bound itself.
+            logging.getLogger("uvicorn.error").info(
+                "Uvicorn running on http://%s:%d (Press CTRL+C to quit)", host, port
+            )
+
+    server = Server(uvicorn.Config(app, host=host, port=port, **options))
+    try:
+        server.run(sockets=[listener])
+    except SystemExit as exc:
+        if exc.code != STARTUP_FAILURE:
+            raise
+        raise typer.Exit(EXIT_ERROR) from None
+    finally:
+        listener.close()
+
+
+def project_log_level(ctx: typer.Context, log_level: str) -> int:
+    """The project loggers' level for a server: its `--log-level`, or lower with the global `-v`."""
+    verbose = ctx.find_root().params.get("verbose") or 0
+    return min(uvicorn_level(log_level), verbosity_level(verbose))
+
+
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -71,13 +98,16 @@ def register(app: typer.Typer) -> None:
 
     @app.command()
     def serve(
+        ctx: typer.Context,
         host: Annotated[str | None, typer.Option(help="Address to bind (default: CNCLIP_HOST, 127.0.0.1).")] = None,
-        port: Annotated[int | None, typer.Option(help="Port to bind (default: CNCLIP_PORT, 8000).")] = None,
+        port: Annotated[
+            int | None, typer.Option(min=0, max=65535, help="Port to bind (default: CNCLIP_PORT, 8000).")
+        ] = None,
         log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
     ) -> None:
-        """Serve the REST API and the web UI (loads the model and warms every bucket first)."""
+        """Serve the REST API and the web UI (binds the port, then loads the model and warms every
+        bucket before answering)."""
         import faiss
-        import uvicorn
 
         from api.app import create_app
         from api.config import Settings
@@ -98,12 +128,12 @@ def register(app: typer.Typer) -> None:
                 err=True,
             )
         exit_on_bad_model(settings)
-        configure_logging(log_level)
+        listener = bind_listener(settings.host, settings.port)  # before the model loads
+        configure_logging(project_log_level(ctx, log_level), SERVER_FORMAT)
         typer.echo(f"cnclip: model {settings.model_dir}, data {settings.data_dir}")
-        uvicorn.run(
+        run_server(
             create_app(settings),
-            host=settings.host,
-            port=settings.port,
+            listener,
             log_level=log_level,
             # The encoder's batcher merges concurrent requests; one process owns the model and the index.
             workers=1,

@@ -38,7 +38,9 @@ def register(app: typer.Typer) -> None:
     def demo(
         serve: Annotated[bool, typer.Option("--serve/--no-serve", help="Start the server when done.")] = True,
         host: Annotated[str | None, typer.Option(help="Address to bind (default: CNCLIP_HOST, 127.0.0.1).")] = None,
-        port: Annotated[int | None, typer.Option(help="Port to bind (default: CNCLIP_PORT, 8000).")] = None,
+        port: Annotated[
+            int | None, typer.Option(min=0, max=65535, help="Port to bind (default: CNCLIP_PORT, 8000).")
+        ] = None,
     ) -> None:
         """Generate and index a demo gallery (+ captions for image → text), then serve the UI.
 
@@ -46,31 +48,37 @@ def register(app: typer.Typer) -> None:
         skips what it already has. `--no-serve` does everything but start the server.
         """
         import asyncio
-        import logging
 
         from api.config import Settings
+        from api.serve_cli import bind_listener, run_server
         from demo.gallery import IMAGE_COLLECTION, TEXT_COLLECTION, example_commands, index_demo, write_demo_files
+        from indexer.cli import plural
         from retrieval.errors import CnclipError
 
-        logging.basicConfig(level=logging.WARNING, format="%(message)s")
         overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
         settings = Settings(**overrides)
+        # A busy port fails now, in one line, not after the gallery is drawn and indexed.
+        listener = bind_listener(settings.host, settings.port) if serve else None
         typer.echo(f"cnclip demo: model {settings.model_dir}, data {settings.data_dir}")
         try:
             files = write_demo_files(settings)
             typer.echo(f"{'generated' if files.created else 'reusing'} the demo gallery in {files.root}")
             result = asyncio.run(index_demo(settings, files))
         except CnclipError as exc:
+            if listener is not None:
+                listener.close()
             typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
             raise typer.Exit(1) from exc
         for name in result.replaced:
             typer.echo(f"re-indexed {name}: the model has changed since")
         typer.echo(
-            f"{IMAGE_COLLECTION}: {result.images_added} pictures indexed, {result.images_skipped} already there"
+            f"{IMAGE_COLLECTION}: {plural(result.images_added, 'picture')} indexed, {result.images_skipped} already there"
             + (f", {result.failures} failed" if result.failures else "")
         )
-        typer.echo(f"{TEXT_COLLECTION}: {result.texts_added} texts added, {result.texts_existing} already there")
-        if not serve:
+        typer.echo(
+            f"{TEXT_COLLECTION}: {plural(result.texts_added, 'text')} added, {result.texts_existing} already there"
+        )
+        if listener is None:
             # Nothing listens yet: no URLs, only what works now and how to start the server.
             typer.echo("\nNothing is serving (--no-serve). Try it from the shell:")
             typer.echo(f"  cnclip search 红色的星星 --collection {IMAGE_COLLECTION} -k 5")
@@ -79,11 +87,7 @@ def register(app: typer.Typer) -> None:
         typer.echo("\nTry it:")
         for what, command in example_commands(settings, files):
             typer.echo(f"  # {what}\n  {command}")
-        import uvicorn
-
         from api.app import create_app
 
         typer.echo(f"\nserving http://{settings.host}:{settings.port}/ (Ctrl-C to stop)")
-        uvicorn.run(
-            create_app(settings), host=settings.host, port=settings.port, workers=1, timeout_graceful_shutdown=10
-        )
+        run_server(create_app(settings), listener, workers=1, timeout_graceful_shutdown=10)

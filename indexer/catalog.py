@@ -369,14 +369,16 @@ class SqlCatalog:
             if state.id in self._stores:
                 self._forget(self._stores[state.id])
             self.vectors.drop(_spec(state))
-            return self._new_store(state, on_progress).store.count()
+            return self._new_store(state, on_progress, reason="on request").store.count()
 
-    def _new_store(self, state: CollectionState, on_progress: Progress | None = None) -> StoreSync:
+    def _new_store(
+        self, state: CollectionState, on_progress: Progress | None = None, reason: str | None = None
+    ) -> StoreSync:
         """Open the engine's store of `state`, reconcile it with SQL and hold it (with `_stores_lock`)."""
         store = self.vectors.open(_spec(state), self.rows.vectors, lambda f: self.rows.filter_ids(state.id, f))
         sync = StoreSync(self.rows, store, state)
         with sync.lock:
-            sync.reconcile(on_progress)
+            sync.reconcile(on_progress, reason)
             sync.checked = time.monotonic()
         self._stores[state.id] = sync
         self._by_key[collection_key(state.name)] = sync

@@ -6,7 +6,6 @@ import asyncio
 import contextlib
 import functools
 import json
-import logging
 import signal
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -62,9 +61,6 @@ def _friendly_errors(command: F) -> F:
 def _settings() -> StorageSettings:
     from indexer.config import StorageSettings
 
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    for noisy in ("alembic", "faiss.loader"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
     return StorageSettings()
 
 
@@ -154,7 +150,7 @@ def register(app: typer.Typer) -> None:
         settings = _settings()
         texts = read_texts(file)
         added, existing = asyncio.run(_index_texts(settings, collection, texts))
-        typer.echo(f"{collection}: {added} texts added, {existing} already there")
+        typer.echo(f"{collection}: {plural(added, 'text')} added, {existing} already there")
 
     @app.command("stats")
     @_friendly_errors
@@ -182,14 +178,14 @@ def register(app: typer.Typer) -> None:
         if as_json:
             typer.echo(json.dumps({"collections": rows}, ensure_ascii=False))
             return
-        from rich.console import Console
-        from rich.table import Table
+        if not rows:
+            typer.echo("no collections yet: `cnclip index FOLDER --collection NAME`")
+            return
+        from retrieval.columns import plain_columns
 
         columns = ("name", "kind", "items", "vectors", "deleted", "model", "index")
-        table = Table(*columns)
-        for row in rows:
-            table.add_row(*(str(row[key]) for key in columns))
-        Console().print(table if rows else "no collections yet: `cnclip index FOLDER --collection NAME`")
+        for line in plain_columns(columns, [[row[key] for key in columns] for row in rows]):
+            typer.echo(line)
 
     @app.command("reindex")
     @_friendly_errors
@@ -255,6 +251,7 @@ def _reindex(settings: StorageSettings, collection: str) -> int:
 
     catalog = open_catalog(settings, open_stores=False)
     try:
+        catalog.get_collection(collection)  # a missing collection is one line, before any progress bar
         with rebuild_progress(collection) as progress:
             return catalog.rebuild(collection, on_progress=progress)
     finally:
@@ -300,7 +297,8 @@ async def _index(
         else:
             with contextlib.suppress(NotFound):  # a missing collection: a real run would create it
                 await asyncio.to_thread(service.writable, collection, "images")
-        await encoder.start()
+        if not dry_run:  # a dry run decodes images without the model (indexer/pipeline.py)
+            await encoder.start()
         indexer = ImageIndexer(
             service,
             encoder,
@@ -375,6 +373,11 @@ async def _search(settings: StorageSettings, text: str, collection: str | None, 
         await asyncio.to_thread(catalog.close)
 
 
+def plural(count: int, noun: str) -> str:
+    """`count` and `noun`, plural but for 1: "1 image", "0 images", "2 images"."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
 def _stamp() -> str:
     return datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
 
@@ -392,9 +395,9 @@ def _write_report(path: Path, failures: list[tuple[str, str]]) -> None:
 def _print_summary(summary: IndexSummary, dry_run: bool) -> None:
     if dry_run:
         typer.echo(
-            f"dry run: {summary.would_index} images to embed, {summary.would_date} to date, "
-            f"{summary.unchanged} unchanged, {summary.duplicates} duplicates, {summary.renamed} renamed, "
-            f"{summary.would_prune} rows to prune, {len(summary.failures)} unreadable"
+            f"dry run: {plural(summary.would_index, 'image')} to embed, {summary.would_date} to date, "
+            f"{summary.unchanged} unchanged, {plural(summary.duplicates, 'duplicate')}, {summary.renamed} renamed, "
+            f"{plural(summary.would_prune, 'row')} to prune, {len(summary.failures)} unreadable"
         )
     else:
         # A rate only when something was embedded: "0.0 images/s" for a run with nothing to do reads as a stall.

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -30,6 +31,7 @@ from indexer.service import CollectionService
 from indexer.sources import SourceEntry, load_entries
 from indexer.types import FileState, NewImage, TakenSource
 from retrieval.errors import InvalidImage, NotFound
+from retrieval.preprocess import preprocess_image
 from retrieval.types import Encoder
 
 log = logging.getLogger(__name__)
@@ -48,7 +50,7 @@ class IndexSummary:
     not_images: int = 0  # folder files that are not images at all (not reported as failures)
     deleted_before: int = 0  # bytes a user deleted from the collection: not added again
     pruned: int = 0
-    would_index: int = 0  # --dry-run: images a real run would embed (read, hashed, deduplicated like one)
+    would_index: int = 0  # --dry-run: images a real run would embed (read, decoded, hashed, deduplicated like one)
     would_prune: int = 0
     dated: int = 0  # unchanged files indexed before taken_at existed, dated now (nothing embedded)
     would_date: int = 0  # --dry-run: such files
@@ -63,7 +65,7 @@ class IndexSummary:
 
     @property
     def done(self) -> int:
-        return self.added + self.changed + self.renamed + self.skipped + len(self.failures)
+        return self.added + self.changed + self.renamed + self.skipped + len(self.failures) + self.would_index
 
 
 ProgressCallback = Callable[[IndexSummary], None]
@@ -96,7 +98,6 @@ class ImageIndexer:
         self.inflight = inflight
         self.index_factory = index_factory
         self.restore_deleted = restore_deleted
-        self.root: str | None = None
         self.undated: list[SourceEntry] = []  # unchanged files whose rows have no taken_at (from _plan)
 
     async def run(
@@ -112,15 +113,16 @@ class ImageIndexer:
         stop = stop or asyncio.Event()
         report = on_progress or (lambda _summary: None)
         entries, problems = load_entries(source)
-        self.root = str(source.resolve()) if source.is_dir() else None
         summary = IndexSummary(total=len(entries) + len(problems), failures=list(problems))
         if dry_run:
-            # Reads and hashes what a real run would, so that `would_index` is exactly what it would embed.
+            # Reads, decodes and hashes what a real run would (without the model), so that `would_index`
+            # is exactly what it would embed and every file it would fail fails here.
             states = self._states_if_exists()
             todo = self._plan(entries, states, summary)
             summary.would_date = len(self.undated)
             summary.would_prune = sum(1 for path in states if prune and not os.path.exists(path))
-            await self._dry_run(todo, summary, stop)
+            report(summary)
+            await self._dry_run(todo, summary, stop, report)
             summary.interrupted = stop.is_set()
             summary.seconds = time.perf_counter() - started
             return summary
@@ -186,16 +188,21 @@ class ImageIndexer:
 
     # --- stages ------------------------------------------------------------------------------
     async def _read(
-        self, todo: list[tuple[SourceEntry, FileState | None]], summary: IndexSummary, stop: asyncio.Event
+        self,
+        todo: list[tuple[SourceEntry, FileState | None]],
+        summary: IndexSummary,
+        stop: asyncio.Event,
+        decode: Callable[[bytes], object] | None = None,
     ) -> AsyncIterator[PreparedFile]:
-        """Files read and probed by the reader threads, in order, a bounded window ahead."""
+        """Files read and probed (and with `decode`, decoded) by the reader threads, in order, a
+        bounded window ahead."""
         window = max(self.batch_size * 2, self.read_threads * 4)
         with ThreadPoolExecutor(self.read_threads, thread_name_prefix="cnclip-read") as pool:
             pending: deque[Future[PreparedFile | tuple[str, str] | None]] = deque()
             position = 0
             while position < len(todo) or pending:
                 while position < len(todo) and len(pending) < window and not stop.is_set():
-                    pending.append(pool.submit(read_file, *todo[position]))
+                    pending.append(pool.submit(read_file, *todo[position], decode))
                     position += 1
                 if not pending:
                     break
@@ -311,17 +318,32 @@ class ImageIndexer:
         return self._known_content(prepared, known, contents, summary)
 
     async def _dry_run(
-        self, todo: list[tuple[SourceEntry, FileState | None]], summary: IndexSummary, stop: asyncio.Event
+        self,
+        todo: list[tuple[SourceEntry, FileState | None]],
+        summary: IndexSummary,
+        stop: asyncio.Event,
+        report: ProgressCallback,
     ) -> None:
         try:
             contents = self.catalog.content_index(self.collection)
             deleted = self.catalog.remembered_deletions(self.collection)
         except NotFound:  # a collection a real run would create
             contents, deleted = {}, set()
+        # What the encoder runs on every image it embeds (retrieval/encoder.py), with the same limits:
+        # an image it would refuse is counted as failing, not as one to embed (and not again after
+        # every run). Decoded by the reader threads; only the files routed to the encoder count.
+        decode = functools.partial(
+            preprocess_image, max_bytes=self.catalog.max_image_bytes, max_pixels=self.catalog.max_image_pixels
+        )
         pending_shas: set[str] = set()
-        async for prepared in self._read(todo, summary, stop):
+        async for prepared in self._read(todo, summary, stop, decode):
             if self._route(prepared, contents, deleted, pending_shas, summary) == "embed":
-                summary.would_index += 1
+                if prepared.decode_error is None:
+                    summary.would_index += 1
+                else:
+                    summary.failures.append((str(prepared.entry.path), prepared.decode_error))
+            report(summary)
+        report(summary)  # the files that failed after the last good one
 
     def _known_content(
         self,
@@ -364,7 +386,7 @@ class ImageIndexer:
             NewImage(
                 data=p.data,
                 path=str(p.entry.path),
-                root=self.root,
+                root=str(p.entry.root) if p.entry.root is not None else None,
                 caption=p.entry.caption,
                 tags=list(p.entry.tags),
                 extra=dict(p.entry.extra),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from indexer.sources import SourceEntry, looks_like_image
@@ -26,10 +27,16 @@ class PreparedFile:
     mtime: float
     replaces: int | None  # the row of this path's previous content
     taken: Taken
+    decode_error: str | None = None  # (the dry run) why the encoder would refuse the pixels
 
 
-def read_file(entry: SourceEntry, state: FileState | None) -> PreparedFile | tuple[str, str] | None:
-    """Read, hash and probe one file (reader thread). None: not an image; (path, reason): a bad file."""
+def read_file(
+    entry: SourceEntry, state: FileState | None, decode: Callable[[bytes], object] | None = None
+) -> PreparedFile | tuple[str, str] | None:
+    """Read, hash and probe one file (reader thread). None: not an image; (path, reason): a bad file.
+
+    `decode` (the dry run): also decode the pixels the way the encoder will and keep why that fails
+    (a truncated JPEG: its header is fine, its data is not), for the files the run would embed."""
     try:
         stat = entry.path.stat()
         data = entry.path.read_bytes()
@@ -44,7 +51,13 @@ def read_file(entry: SourceEntry, state: FileState | None) -> PreparedFile | tup
     sha = hashlib.sha256(data).hexdigest()
     replaces = state.id if state is not None and state.sha256 != sha else None
     taken = taken_of(data, stat.st_mtime)
-    return PreparedFile(entry, data, sha, mime, width, height, len(data), stat.st_mtime, replaces, taken)
+    decode_error = None
+    if decode is not None:
+        try:
+            decode(data)
+        except InvalidImage as exc:
+            decode_error = exc.message
+    return PreparedFile(entry, data, sha, mime, width, height, len(data), stat.st_mtime, replaces, taken, decode_error)
 
 
 def read_taken(entry: SourceEntry) -> Taken | None:

@@ -27,6 +27,10 @@ class SourceEntry:
     tags: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
     listed: bool = False  # named by a manifest: it must be an image, so any failure is reported
+    # The folder the file is indexed from: the walked folder, or a manifest's folder for the files
+    # inside it (None for a manifest's file elsewhere). The API shows paths relative to it; the
+    # media check serves only files that stay inside it (indexer/media_check.py).
+    root: Path | None = None
 
 
 def looks_like_image(path: Path, head: bytes) -> bool:
@@ -51,12 +55,13 @@ def load_entries(source: Path) -> tuple[list[SourceEntry], list[tuple[str, str]]
 def walk_folder(root: Path) -> list[SourceEntry]:
     """Every regular file under `root`, sorted; hidden folders and files are skipped, symlinked folders not followed."""
     entries: list[SourceEntry] = []
-    for folder, subfolders, files in os.walk(root.resolve()):
+    top = root.resolve()
+    for folder, subfolders, files in os.walk(top):
         subfolders[:] = sorted(name for name in subfolders if not name.startswith("."))
         for name in sorted(files):
             path = Path(folder) / name
             if not name.startswith(".") and path.is_file():
-                entries.append(SourceEntry(path))
+                entries.append(SourceEntry(path, root=top))
     return entries
 
 
@@ -82,8 +87,9 @@ def _entry(base: Path, row: dict[str, Any]) -> SourceEntry:
     if not isinstance(extra, dict):
         raise ValueError("'extra' must be an object")
     path = Path(raw).expanduser()
-    path = path if path.is_absolute() else base / path
-    return SourceEntry(path.resolve(), caption or None, _tags(row.get("tags")), extra, listed=True)
+    path = (path if path.is_absolute() else base / path).resolve()
+    root = base if base in path.parents else None  # like a folder's files: relative to the manifest's folder
+    return SourceEntry(path, caption or None, _tags(row.get("tags")), extra, listed=True, root=root)
 
 
 def read_manifest(manifest: Path) -> tuple[list[SourceEntry], list[tuple[str, str]]]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 from pathlib import Path
 from typing import Annotated
 
@@ -49,7 +48,6 @@ def bench_encoders(
     from retrieval.config import RuntimeSettings
     from retrieval.errors import CnclipError
 
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
     tower_list = [t.strip() for t in towers.split(",") if t.strip()]
     if not tower_list or any(t not in ("text", "image") for t in tower_list):
         raise typer.BadParameter("towers must be text and/or image")

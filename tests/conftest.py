@@ -46,3 +46,17 @@ def python_repo(toy_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
     out = tmp_path_factory.mktemp("triton-python") / "repo"
     export_triton_repository(toy_model_dir, out, ExportOptions(backend="python", max_batch=16, queue_delay_us=2000))
     return out
+
+
+@pytest.fixture(autouse=True)
+def project_log_levels() -> Iterator[None]:
+    """Every `cnclip` command run in-process sets the project loggers' levels (api/cli_logging.py);
+    put them back, so that no test depends on which command another test ran before it."""
+    import logging
+
+    from api.cli_logging import PROJECT_LOGGERS
+
+    levels = {name: logging.getLogger(name).level for name in PROJECT_LOGGERS}
+    yield
+    for name, level in levels.items():
+        logging.getLogger(name).setLevel(level)

@@ -85,6 +85,10 @@ def test_red_stars_are_found(client: TestClient, gallery: list[dataset.Sample]) 
     assert all(a.colour == "红色" for a in found)
     assert all(a.shape == "星形" for a in found[: min(5, red_stars)])
     assert results[0]["image_url"] and "红色" in results[0]["tags"]
+    # Like any `cnclip index` item, a demo picture has its path relative to the indexed folder (the manifest's).
+    assert results[0]["filename"].startswith("demo-") and results[0]["path"] == f"images/{results[0]['filename']}"
+    item = client.get(f"/v1/items/{results[0]['id']}").json()
+    assert item["path"] == results[0]["path"]
 
 
 def test_heldout_text_to_image_recall(client: TestClient, gallery: list[dataset.Sample]) -> None:
@@ -161,3 +165,17 @@ def test_demo_reindexes_collections_an_earlier_model_embedded(tmp_path: Path) ->
         assert infos[IMAGE_COLLECTION].items == infos[IMAGE_COLLECTION].vectors == GALLERY_SIZE
     finally:
         catalog.close()
+
+
+def test_demo_on_a_busy_port_fails_before_drawing_anything(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        port = other.getsockname()[1]
+        env = {"CNCLIP_DATA_DIR": str(tmp_path), "CNCLIP_MODEL_DIR": str(SHIPPED_MODEL_DIR)}
+        result = CliRunner().invoke(build_cnclip(), ["demo", "--port", str(port)], env=env)
+    assert result.exit_code == 1
+    assert result.output == f"error: cannot listen on 127.0.0.1:{port}: Address already in use\n"
+    assert not (tmp_path / "demo").exists()  # no gallery drawn, nothing indexed

@@ -30,6 +30,7 @@ class Hub:
     body: bytes
     corrupt: bool = False
     send_etag: bool = True
+    cut_after: int | None = None  # bytes sent before the connection drops (once)
     requests: list[dict[str, str]] = field(default_factory=list)
 
 
@@ -57,6 +58,11 @@ def _handler(hub: Hub) -> type[BaseHTTPRequestHandler]:
                 self.send_header("ETag", f'"{hashlib.sha256(hub.body).hexdigest()}"')
             self.send_header("Content-Length", str(len(body) - start))
             self.end_headers()
+            if hub.cut_after is not None:
+                self.wfile.write(bytes(body[start : start + hub.cut_after]))
+                hub.cut_after = None
+                self.close_connection = True
+                return
             self.wfile.write(bytes(body[start:]))
 
     return Handler
@@ -151,6 +157,36 @@ def test_missing_file_is_a_404_message(hub: tuple[Hub, str], tmp_path: Path) -> 
 def test_no_network_is_explained(tmp_path: Path) -> None:
     code, output = _pull("http://127.0.0.1:9", tmp_path)  # the discard port: nothing listens
     assert code == 1 and "cannot download from 127.0.0.1:9" in output and "no network?" in output
+    # Nothing was downloaded: no partial file is promised, and none is left behind.
+    assert "partial file" not in output and list(tmp_path.iterdir()) == []
+
+
+def test_a_dropped_download_keeps_what_it_got_and_resumes(hub: tuple[Hub, str], tmp_path: Path) -> None:
+    state, base = hub
+    cut = len(state.body) - 1000
+    state.cut_after = cut
+    code, output = _pull(base, tmp_path)
+    part = tmp_path / "clip_cn_vit-b-16.pt.part"
+    kept = part.stat().st_size  # what reached the disk (whole 1 MiB blocks): the message says that much
+    assert code == 1 and 0 < kept <= cut
+    assert f"The partial file {part} ({kept:,} bytes) is kept" in output.replace("\n", "")
+    code, output = _pull(base, tmp_path)
+    assert code == 0, output
+    assert state.requests[-1]["range"] == f"bytes={kept}-"
+    assert (tmp_path / "clip_cn_vit-b-16.pt").read_bytes() == state.body
+
+
+def test_models_list_prints_whole_urls_when_piped() -> None:
+    """Not a terminal (a pipe, CliRunner): every URL on one line, uncut, and the same in --json."""
+    urls = [pull.checkpoint_url(c, "https://huggingface.co") for c in pull.CHECKPOINTS.values()]
+    env = {"CNCLIP_MODEL_BASE_URL": "https://huggingface.co"}
+    listed = runner.invoke(build_cli(), ["models", "list"], env=env)
+    assert listed.exit_code == 0, listed.output
+    lines = listed.output.splitlines()
+    assert lines[0].split() == ["name", "size", "url"]
+    assert [line.split()[-1] for line in lines[1:]] == urls
+    as_json = runner.invoke(build_cli(), ["models", "list", "--json"], env=env)
+    assert [m["url"] for m in json.loads(as_json.output)["models"]] == urls
 
 
 def test_disk_full_is_detected_before_writing(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import re
 import shutil
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
+from retrieval.columns import plain_columns
 from retrieval.config import RuntimeSettings
 from retrieval.errors import CnclipError, InvalidInput
 
@@ -87,6 +89,16 @@ def _hash_prefix(path: Path) -> hashlib._Hash:
     return digest
 
 
+def _kept_part(part: Path) -> str:
+    """What a failed download leaves for the next one to resume: said only when there is something
+    (an empty `.part` is removed, so that no message promises bytes that are not there)."""
+    size = part.stat().st_size if part.is_file() else 0
+    if size == 0:
+        part.unlink(missing_ok=True)
+        return ""
+    return f" The partial file {part} ({size:,} bytes) is kept: the same command resumes it."
+
+
 def download(
     url: str,
     target: Path,
@@ -141,7 +153,7 @@ def download(
         raise DownloadError(
             f"cannot download from {host}: {exc.__class__.__name__}: {exc} — no network? "
             f"Set CNCLIP_MODEL_BASE_URL to a reachable mirror, or download the file by hand "
-            f"and run `cnclip convert --checkpoint FILE`. The partial file {part} is kept for resuming."
+            f"and run `cnclip convert --checkpoint FILE`.{_kept_part(part)}"
         ) from exc
     except OSError as exc:
         if exc.errno == errno.ENOSPC:
@@ -167,12 +179,15 @@ models_app = typer.Typer(help="Official Chinese-CLIP checkpoints.", no_args_is_h
 
 
 @models_app.command("list")
-def list_models() -> None:
-    """List the checkpoints `cnclip models pull` knows, with their download URLs."""
+def list_models(as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False) -> None:
+    """List the checkpoints `cnclip models pull` knows, with their download URLs (never cut)."""
     base = RuntimeSettings.model_validate({}).model_base_url
-    console = Console()
-    for c in CHECKPOINTS.values():
-        console.print(f"{c.name:<14} {c.size_hint:>8}  {checkpoint_url(c, base)}")
+    rows = [{"name": c.name, "size": c.size_hint, "url": checkpoint_url(c, base)} for c in CHECKPOINTS.values()]
+    if as_json:
+        typer.echo(json.dumps({"models": rows}))
+        return
+    for line in plain_columns(("name", "size", "url"), [list(row.values()) for row in rows]):
+        typer.echo(line)
 
 
 @models_app.command("pull")
