@@ -18,7 +18,7 @@ from api.config import Settings
 from api.docs import install_docs
 from api.errors import install_error_handlers
 from api.label_store import LabelSetStore
-from api.limits import FORM_OVERHEAD, BodySizeLimitMiddleware
+from api.limits import BodySizeLimitMiddleware, max_request_bytes
 from api.metrics import RequestMetricsMiddleware, ServiceMetrics
 from api.openapi import install_openapi
 from api.request_guard import RequestGuardMiddleware
@@ -108,7 +108,7 @@ def create_app(settings: Settings, encoder: Encoder | None = None, catalog: Cata
     install_docs(app)
 
     # The last added runs outermost: metrics time every request, including bodies the cap refuses.
-    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_image_bytes + FORM_OVERHEAD)
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=max_request_bytes(settings))
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     # Outermost: request id, body deadline, security headers, and the catch-all 500 for everything inside.
     app.add_middleware(RequestGuardMiddleware, body_timeout_s=settings.body_read_timeout_s)
