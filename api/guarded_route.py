@@ -18,6 +18,7 @@ from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fastapi import Request, Response, params
+from fastapi.datastructures import DefaultPlaceholder
 from fastapi.routing import APIRoute
 
 from api.blocking import run_blocking
@@ -29,10 +30,11 @@ _KEY_CHECKS = (require_write_key, require_read_key)
 DEFAULT_BUDGET = BodyBudget(StrictModel.max_body_bytes, StrictModel.max_json_values)
 
 
-def _is_json(content_type: str | None) -> bool:
-    """FastAPI's rule for parsing a body as JSON: no content type, or application/json or */*+json."""
+def _is_json(content_type: str | None, strict: bool) -> bool:
+    """FastAPI's rule for parsing a body as JSON: application/json or application/*+json, or (when the
+    route's content type is not strict) no content type at all."""
     if not content_type:
-        return True
+        return not strict
     media = content_type.split(";", 1)[0].strip().lower()
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
@@ -54,14 +56,16 @@ class GuardedRoute(APIRoute):
         handler = super().get_route_handler()
         checks = [d.dependency for d in self.dependencies if d.dependency in _KEY_CHECKS]
         budget = self._json_budget()
+        strict = self.strict_content_type
+        strict = bool(strict.value if isinstance(strict, DefaultPlaceholder) else strict)
 
         async def guarded(request: Request) -> Response:
             for check in checks:
                 await check(request)  # type: ignore[misc]
-            if budget is not None and _is_json(request.headers.get("content-type")):
+            if budget is not None:
                 body = await read_within(request.stream(), budget)
                 request._body = body  # Starlette's cache: FastAPI's `await request.body()` returns it
-                if body:
+                if body and _is_json(request.headers.get("content-type"), strict):
                     parsed = await run_blocking(_parse_json, body)
                     if parsed is not _UNPARSED:
                         request._json = parsed  # likewise for `await request.json()`
