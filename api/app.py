@@ -28,6 +28,7 @@ from indexer.media import media_root
 from indexer.service import collection_service
 from indexer.types import Catalog
 from retrieval.encoder import create_encoder
+from retrieval.memory import return_large_frees_to_os
 from retrieval.types import Encoder
 from retrieval.zeroshot import ZeroShotClassifier
 
@@ -43,6 +44,7 @@ def create_app(settings: Settings, encoder: Encoder | None = None, catalog: Cata
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        return_large_frees_to_os()  # decoded images and large bodies leave no memory behind (retrieval/memory.py)
         own_catalog = catalog is None
         own_encoder = encoder is None
         cat = await run_blocking(open_catalog, settings) if own_catalog else catalog

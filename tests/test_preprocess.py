@@ -10,7 +10,7 @@ import zlib
 import numpy as np
 import pytest
 import torch
-from PIL import Image, ImageOps
+from PIL import Image, ImageFile, ImageOps
 
 import retrieval
 from retrieval.errors import InvalidImage, PayloadTooLarge
@@ -193,6 +193,25 @@ def test_each_side_is_capped_not_only_the_area(size: tuple[int, int]) -> None:
     with pytest.raises(InvalidImage, match="each side may be at most 65,535"):
         retrieval.preprocess_image(data)
     assert retrieval.probe_image(_grey_png_header(65_535, 700))[1:] == (65_535, 700)  # the longest side allowed
+
+
+@pytest.mark.parametrize(
+    ("fmt", "rotated"), [("PNG", False), ("PNG", True), ("JPEG", True), ("WEBP", True), ("GIF", False), ("TIFF", False)]
+)
+def test_probe_decodes_no_pixels(monkeypatch: pytest.MonkeyPatch, fmt: str, rotated: bool) -> None:
+    """The upload check reads headers only (a PNG without EXIF was decoded whole by getexif())."""
+    buf = io.BytesIO()
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotated 90°: displayed as 48×64
+    Image.new("RGB", (64, 48), (200, 30, 40)).save(buf, fmt, **({"exif": exif} if rotated else {}))
+
+    def no_decoding(self: object) -> None:
+        raise AssertionError("probe_image decoded pixels")
+
+    monkeypatch.setattr(ImageFile.ImageFile, "load", no_decoding)
+    mime, width, height = retrieval.probe_image(buf.getvalue())
+    assert mime == Image.MIME[fmt]
+    assert (width, height) == ((48, 64) if rotated else (64, 48))
 
 
 def test_fuzz_random_and_mutated_bytes_only_raise_invalid_image() -> None:
