@@ -26,6 +26,8 @@ from api.errors import UnsupportedEncoding
 from retrieval.errors import InvalidInput, PayloadTooLarge
 
 _STEP = 1 << 20  # largest inflated piece per zlib call: each budget check sees at most this much new data
+# A body up to this size is parsed on the event loop (well under a millisecond); larger ones in a worker thread.
+INLINE_PARSE_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ key check refused it, and the parse would run on the event loop. `GuardedRoute` 
    declares them; they run again, cheaply, where FastAPI solves them): 401 before any body byte is read;
 2. for a JSON body: reads it within the budget its schema declares (`max_body_bytes`,
    `max_json_values` on `api.schemas.StrictModel`), counted while it arrives (api/body_budget.py),
-   then parses it in a worker thread; FastAPI finds it parsed and validates it as usual.
+   then parses it (in a worker thread unless it is small); FastAPI finds it parsed and validates it.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from fastapi.datastructures import DefaultPlaceholder
 from fastapi.routing import APIRoute
 
 from api.blocking import run_blocking
-from api.body_budget import BodyBudget, read_within
+from api.body_budget import INLINE_PARSE_BYTES, BodyBudget, read_within
 from api.deps import require_read_key, require_write_key
 from api.schemas import StrictModel
 
@@ -39,14 +39,14 @@ def _is_json(content_type: str | None, strict: bool) -> bool:
     return media == "application/json" or (media.startswith("application/") and media.endswith("+json"))
 
 
+_UNPARSED = object()
+
+
 def _parse_json(body: bytes) -> Any:
     try:
         return json.loads(body)
     except (json.JSONDecodeError, UnicodeDecodeError):
         return _UNPARSED  # FastAPI parses it again and answers in its own words
-
-
-_UNPARSED = object()
 
 
 class GuardedRoute(APIRoute):
@@ -66,7 +66,8 @@ class GuardedRoute(APIRoute):
                 body = await read_within(request.stream(), budget)
                 request._body = body  # Starlette's cache: FastAPI's `await request.body()` returns it
                 if body and _is_json(request.headers.get("content-type"), strict):
-                    parsed = await run_blocking(_parse_json, body)
+                    small = len(body) <= INLINE_PARSE_BYTES  # quicker than the hop to a worker thread
+                    parsed = _parse_json(body) if small else await run_blocking(_parse_json, body)
                     if parsed is not _UNPARSED:
                         request._json = parsed  # likewise for `await request.json()`
             return await handler(request)

@@ -37,6 +37,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.routing import Match
 
 from api.blocking import run_blocking
+from api.body_budget import INLINE_PARSE_BYTES
 from api.deps import require_read_key
 from api.errors import allowed_methods, http_status, public_message, retry_headers
 from api.kserve_tensors import (
@@ -185,8 +186,12 @@ async def infer(request: Request) -> Response:
             return v2_error(503, f"model '{name}' is not ready")
         json_bytes = header_length(request)
         body = await read_body(request, body_budget(model, encoder, json_bytes))
-        # Parsing and decoding are bounded by the budget, and still too slow for the event loop.
-        infer_request, batch = await run_blocking(_parse_request, model, body, json_bytes, encoder)
+        # Parsing and decoding are bounded by the budget; a large body is still too slow for the event loop,
+        # and a small one (a text query) is quicker than the hop to a worker thread.
+        if len(body) <= INLINE_PARSE_BYTES:
+            infer_request, batch = _parse_request(model, body, json_bytes, encoder)
+        else:
+            infer_request, batch = await run_blocking(_parse_request, model, body, json_bytes, encoder)
         binary_output = wants_binary_output(model, infer_request)
         decoded = time.perf_counter_ns()
         if model.datatype == "INT64":
