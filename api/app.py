@@ -18,7 +18,7 @@ from api.config import Settings
 from api.docs import install_docs
 from api.errors import install_error_handlers
 from api.label_store import LabelSetStore
-from api.limits import FORM_OVERHEAD, BodySizeLimitMiddleware
+from api.limits import BodySizeLimitMiddleware, max_request_bytes
 from api.metrics import RequestMetricsMiddleware, ServiceMetrics
 from api.openapi import install_openapi
 from api.request_guard import RequestGuardMiddleware
@@ -28,6 +28,7 @@ from indexer.media import media_root
 from indexer.service import collection_service
 from indexer.types import Catalog
 from retrieval.encoder import create_encoder
+from retrieval.memory import return_large_frees_to_os
 from retrieval.types import Encoder
 from retrieval.zeroshot import ZeroShotClassifier
 
@@ -43,6 +44,7 @@ def create_app(settings: Settings, encoder: Encoder | None = None, catalog: Cata
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        return_large_frees_to_os()  # decoded images and large bodies leave no memory behind (retrieval/memory.py)
         own_catalog = catalog is None
         own_encoder = encoder is None
         cat = await run_blocking(open_catalog, settings) if own_catalog else catalog
@@ -108,7 +110,7 @@ def create_app(settings: Settings, encoder: Encoder | None = None, catalog: Cata
     install_docs(app)
 
     # The last added runs outermost: metrics time every request, including bodies the cap refuses.
-    app.add_middleware(BodySizeLimitMiddleware, max_bytes=settings.max_image_bytes + FORM_OVERHEAD)
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=max_request_bytes(settings))
     app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
     # Outermost: request id, body deadline, security headers, and the catch-all 500 for everything inside.
     app.add_middleware(RequestGuardMiddleware, body_timeout_s=settings.body_read_timeout_s)

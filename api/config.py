@@ -3,7 +3,7 @@ runtime's (retrieval/config.py explains the layers). The README's settings table
 
 from __future__ import annotations
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, field_validator
 
 from indexer.config import StorageSettings
 
@@ -13,7 +13,11 @@ class Settings(StorageSettings):
 
     host: str = Field("127.0.0.1", description="Address `cnclip serve` binds.")
     port: int = Field(8000, description="Port `cnclip serve` binds.")
-    api_key: SecretStr | None = Field(None, description="Key required for writes (Bearer or X-API-Key).")
+    api_key: SecretStr | None = Field(
+        None,
+        description="Key required for writes (Bearer or X-API-Key). Set but empty (or blank) is refused at start: "
+        "unset it to serve without a key.",
+    )
     require_key_for_reads: bool = Field(
         False, description="Also require the API key for searches, reads and `/metrics`."
     )
@@ -25,3 +29,12 @@ class Settings(StorageSettings):
     body_read_timeout_s: float = Field(
         60.0, gt=0, description="A request's body must arrive within this time of its headers, else 408."
     )
+
+    @field_validator("api_key")
+    @classmethod
+    def _key_not_blank(cls, value: SecretStr | None) -> SecretStr | None:
+        # `CNCLIP_API_KEY=` would otherwise be a key that an empty header matches, or be read as "no key"
+        # without a word: either way not what the operator meant.
+        if value is not None and not value.get_secret_value().strip():
+            raise ValueError("set but empty; set a key, or unset it to serve without one")
+        return value

@@ -36,18 +36,22 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.routing import Match
 
+from api.blocking import run_blocking
+from api.body_budget import INLINE_PARSE_BYTES
 from api.deps import require_read_key
 from api.errors import allowed_methods, http_status, public_message, retry_headers
 from api.kserve_tensors import (
-    HEADER_LENGTH,
     MAX_BATCH,
     MODEL_VERSION,
     MODELS,
     BadRequest,
+    InferRequest,
     ServedModel,
     accepted,
+    body_budget,
     decode_input,
     encode_response,
+    header_length,
     read_body,
     split_body,
     wants_binary_output,
@@ -180,9 +184,14 @@ async def infer(request: Request) -> Response:
         encoder = _encoder(request)
         if encoder is None or not encoder.ready:
             return v2_error(503, f"model '{name}' is not ready")
-        body = await read_body(request)
-        infer_request, binary = split_body(body, request.headers.get(HEADER_LENGTH))
-        batch = decode_input(model, infer_request, binary, encoder)
+        json_bytes = header_length(request)
+        body = await read_body(request, body_budget(model, encoder, json_bytes))
+        # Parsing and decoding are bounded by the budget; a large body is still too slow for the event loop,
+        # and a small one (a text query) is quicker than the hop to a worker thread.
+        if len(body) <= INLINE_PARSE_BYTES:
+            infer_request, batch = _parse_request(model, body, json_bytes, encoder)
+        else:
+            infer_request, batch = await run_blocking(_parse_request, model, body, json_bytes, encoder)
         binary_output = wants_binary_output(model, infer_request)
         decoded = time.perf_counter_ns()
         if model.datatype == "INT64":
@@ -200,6 +209,11 @@ async def infer(request: Request) -> Response:
         return _error_response(exc)
     stats.success(len(batch), decoded - started, inferred - decoded, time.perf_counter_ns() - inferred)
     return response
+
+
+def _parse_request(model: ServedModel, body: bytes, json_bytes: int | None, encoder: Any) -> tuple[InferRequest, Any]:
+    infer_request, binary = split_body(body, json_bytes)
+    return infer_request, decode_input(model, infer_request, binary, encoder)
 
 
 # --- server and health --------------------------------------------------------------------------------
@@ -399,8 +413,8 @@ async def repository_index(request: Request) -> Response:
     """The models and their state; `{"ready": true}` lists only the ready ones."""
     try:
         await require_read_key(request)
-        body = await read_body(request)
-        options = json.loads(body) if body.strip() else {}
+        body = await read_body(request, body_budget(None, None))
+        options = json.loads(body) if body.strip() else {}  # at most 64 KiB: quick enough for the loop
         if not isinstance(options, dict):
             raise BadRequest("the repository index request must be a JSON object")
     except json.JSONDecodeError:

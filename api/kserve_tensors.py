@@ -19,13 +19,19 @@ from fastapi import Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 
-from api.errors import UnsupportedEncoding
+from api.body_budget import BodyBudget, read_within
 from retrieval.errors import InvalidInput, PayloadTooLarge
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
 MODEL_VERSION = "1"
 MAX_BATCH = 256  # items per request (the config's max_batch_size); the batcher splits them into buckets
-MAX_BODY_BYTES = 64 * 1024 * 1024
+MAX_BODY_BYTES = 64 * 1024 * 1024  # after decompression
+# JSON `data` is parsed into Python objects while holding the GIL (~0.1 s per million numbers here), so
+# a JSON tensor is capped at about three 224 px FP32 images; larger batches use the binary extension.
+MAX_JSON_TENSOR_VALUES = 1 << 19
+HEADER_JSON_VALUES = 1024  # the request's own keys, parameters and outputs around the tensor's data
+CONTROL_BODY_BYTES = 64 * 1024  # repository index and other small control requests
+CONTROL_JSON_VALUES = 1024
 # cn_clip's vocab.txt has 21128 entries; ids outside it would make the embedding Gather fail inside ONNX Runtime.
 VOCAB_SIZE = 21128
 
@@ -88,42 +94,37 @@ class BadRequest(InvalidInput):
 # --- request and response bodies ----------------------------------------------------------------------
 
 
-async def read_body(request: Request) -> bytes:
-    """The request body, decompressed when it came with `Content-Encoding: gzip` or `deflate`."""
+def header_length(request: Request) -> int | None:
+    """`Inference-Header-Content-Length`: the JSON header's bytes before the binary tensor data (None: all JSON)."""
+    value = request.headers.get(HEADER_LENGTH)
+    if value is None:
+        return None
+    if not value.isdigit() or len(value) > 12:
+        raise BadRequest(f"{HEADER_LENGTH} is '{value[:20]}', not a byte count")
+    return int(value)
+
+
+def body_budget(model: ServedModel | None, encoder: Any, json_bytes: int | None = None) -> BodyBudget:
+    """What a request body may cost: an inference request to `model` (its largest legal batch as JSON),
+    or (`model` None) a small control request such as the repository index."""
+    if model is None:
+        return BodyBudget(CONTROL_BODY_BYTES, CONTROL_JSON_VALUES)
+    # Twice the largest legal batch: a request somewhat over the batch limit still gets the protocol's own
+    # 400 from the batch check, as Triton answers it (tests/test_real_triton.py's golden calls); only a
+    # body far past any legal request is a 413 before it is parsed.
+    elements = 2 * MAX_BATCH * math.prod(model.input_dims(encoder))
+    # A row list per item and the header's own keys (inputs, outputs, parameters...) on top of the elements.
+    values = min(elements, MAX_JSON_TENSOR_VALUES) + 2 * MAX_BATCH + HEADER_JSON_VALUES
+    return BodyBudget(MAX_BODY_BYTES, values, json_bytes)
+
+
+async def read_body(request: Request, budget: BodyBudget) -> bytes:
+    """The request body, decompressed when it came with `Content-Encoding: gzip` or `deflate`, refused
+    (413) as soon as it goes over `budget` (see api/body_budget.py)."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of {MAX_BODY_BYTES}")
-    chunks: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY_BYTES:
-            raise PayloadTooLarge(f"request body exceeds the limit of {MAX_BODY_BYTES} bytes")
-        chunks.append(chunk)
-    return _decompress(b"".join(chunks), request.headers.get("content-encoding"))
-
-
-def _decompress(body: bytes, encoding: str | None) -> bytes:
-    """gzip or deflate (zlib, as tritonclient sends it; raw deflate too), capped at MAX_BODY_BYTES
-    after decompression so that a small compressed body cannot expand without limit."""
-    encoding = (encoding or "identity").strip().lower()
-    if encoding == "identity":
-        return body
-    if encoding not in ("gzip", "x-gzip", "deflate"):
-        raise UnsupportedEncoding(f"Unsupported compression type '{encoding}' (gzip and deflate are supported)")
-    attempts = [zlib.MAX_WBITS | 16] if encoding != "deflate" else [zlib.MAX_WBITS, -zlib.MAX_WBITS]
-    for wbits in attempts:
-        inflater = zlib.decompressobj(wbits)
-        try:
-            data = inflater.decompress(body, MAX_BODY_BYTES + 1)
-        except zlib.error:
-            continue
-        if len(data) > MAX_BODY_BYTES or inflater.unconsumed_tail:
-            raise PayloadTooLarge(f"the decompressed request body exceeds the limit of {MAX_BODY_BYTES} bytes")
-        if not inflater.eof:
-            raise BadRequest(f"the {encoding} request body is truncated")
-        return data
-    raise BadRequest(f"the request body is not valid {encoding} data")
+    if declared is not None and declared.isdigit() and int(declared) > budget.max_bytes:
+        raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of {budget.max_bytes:,}")
+    return await read_within(request.stream(), budget, request.headers.get("content-encoding"))
 
 
 def accepted(request: Request) -> str | None:
@@ -135,14 +136,15 @@ def accepted(request: Request) -> str | None:
     return None
 
 
-def split_body(body: bytes, header_length: str | None) -> tuple[InferRequest, bytes]:
-    """The JSON header and the binary tensor data that follows it (empty for pure JSON)."""
+def split_body(body: bytes, header_length: int | None) -> tuple[InferRequest, bytes]:
+    """The JSON header and the binary tensor data that follows it (empty for pure JSON). Blocking
+    (parsing): call it in a worker thread, on a body `read_body` has kept within its budget."""
     if header_length is None:
         json_part, binary = body, b""
     else:
-        if not header_length.isdigit() or int(header_length) > len(body):
+        if header_length > len(body):
             raise BadRequest(f"{HEADER_LENGTH} is '{header_length}' but the body has {len(body)} bytes")
-        json_part, binary = body[: int(header_length)], body[int(header_length) :]
+        json_part, binary = body[:header_length], body[header_length:]
     try:
         return InferRequest.model_validate_json(json_part), binary
     except ValidationError as exc:

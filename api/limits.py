@@ -10,10 +10,16 @@ from starlette.exceptions import HTTPException
 from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from api.config import Settings
 from api.errors import error_response
 from retrieval.errors import PayloadTooLarge
 
 FORM_OVERHEAD = 1 << 20  # room for multipart headers and the small form fields next to the file
+
+
+def max_request_bytes(settings: Settings) -> int:
+    """The largest request body the service takes: an image upload and its form."""
+    return settings.max_image_bytes + FORM_OVERHEAD
 
 
 class BodySizeLimitMiddleware:

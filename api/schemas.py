@@ -4,7 +4,7 @@ decides what clients see (urls, not paths) and validates what they send (lengths
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema, field_validator
@@ -27,6 +27,9 @@ MAX_EMBED_TEXTS = 256
 MAX_EMBED_IMAGES = 32
 MAX_TEXTS_PER_REQUEST = 1000
 MAX_TAGS = 50
+MAX_TAG_CHARS = 64
+# A character takes up to 6 bytes in JSON (`\uXXXX`, as json.dumps writes non-ASCII by default).
+_JSON_BYTES_PER_CHAR = 6
 
 # Label-set names follow the collection-name rule (indexer/names.py): one pattern for every name.
 NAME_PATTERN = COLLECTION_NAME_PATTERN
@@ -38,7 +41,7 @@ Query = Annotated[
 Label = Annotated[
     str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_LABEL_CHARS, pattern=r"\S")
 ]
-Tag = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=64, pattern=r"\S")]
+Tag = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_TAG_CHARS, pattern=r"\S")]
 # Checked by `template_problem` (a clearer message than a pattern's); documented with its pattern.
 Template = Annotated[
     str,
@@ -53,6 +56,12 @@ ItemId = Annotated[int, PathParam(ge=1, le=MAX_ITEM_ID, description="An item id 
 
 class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+    # What a request body of this schema may cost, counted while it arrives (api/guarded_route.py): more is
+    # a 413 before anything is parsed. The defaults hold every request body but `AddTextsRequest` with room
+    # to spare (256 texts of 512 escaped characters are 0.8 MB); 200k unknown keys cost seconds to report.
+    max_body_bytes: ClassVar[int] = 1 << 20
+    max_json_values: ClassVar[int] = 4096
 
 
 class Filters(StrictModel):
@@ -198,6 +207,12 @@ class TextIn(StrictModel):
 
 
 class AddTextsRequest(StrictModel):
+    # The largest legal request: every text and tag at its longest, every character escaped.
+    max_body_bytes: ClassVar[int] = (
+        MAX_TEXTS_PER_REQUEST * (MAX_QUERY_CHARS + MAX_TAGS * MAX_TAG_CHARS + 64) * _JSON_BYTES_PER_CHAR
+    )
+    max_json_values: ClassVar[int] = MAX_TEXTS_PER_REQUEST * (MAX_TAGS + 4)
+
     texts: list[TextIn | Query] = Field(min_length=1, max_length=MAX_TEXTS_PER_REQUEST)
 
     def normalised(self) -> list[TextIn]:

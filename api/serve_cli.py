@@ -17,6 +17,23 @@ if TYPE_CHECKING:
 EXIT_ERROR = 1  # api/cli.py EXIT_STATUS: a server that cannot start is an error, like any other
 
 
+def load_settings() -> Settings:
+    """`Settings()` from the environment; a bad value (an empty `CNCLIP_API_KEY`, say) is one line per
+    setting on stderr and exit status 2, not a traceback."""
+    from pydantic import ValidationError
+
+    from api.config import Settings
+
+    try:
+        return Settings()
+    except ValidationError as exc:
+        for error in exc.errors():
+            name = "CNCLIP_" + "__".join(str(part) for part in error["loc"]).upper()
+            message = str(error["msg"]).removeprefix("Value error, ")
+            typer.secho(f"error: {name}: {message}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+
+
 def exit_on_bad_model(settings: Settings) -> None:
     """Fail with one line, not a lifespan traceback, when a local model directory is not usable."""
     if settings.encoder != "local":
@@ -110,15 +127,14 @@ def register(app: typer.Typer) -> None:
         import faiss
 
         from api.app import create_app
-        from api.config import Settings
-        from api.slow_clients import guarded_protocol
+        from api.slow_clients import server_protocol
 
         # One request = one small FAISS search; the server runs many of them at once on its worker
         # threads. FAISS's own OpenMP threads per search only spin against each other (measured on
         # a busy 2-core host: 27 ms -> 0.1 ms per search of a small collection with one thread).
         faiss.omp_set_num_threads(1)
 
-        settings = Settings()
+        settings = load_settings()
         overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
         settings = settings.model_copy(update=overrides)
         if settings.api_key is None and not _is_loopback(settings.host):
@@ -141,6 +157,6 @@ def register(app: typer.Typer) -> None:
             # Longer than clients' and proxies' idle pools (httpx: 5 s), so that the server never closes
             # a kept-alive connection just as a client sends on it (a reset, not a retry, for a POST).
             timeout_keep_alive=30,
-            # Slow or endless request heads close the connection (bodies have their own deadline in the app).
-            http=guarded_protocol(settings.header_read_timeout_s),
+            # Slow or endless request heads and bodies close the connection (see api/slow_clients.py).
+            http=server_protocol(settings),
         )

@@ -21,6 +21,7 @@ from api.errors import install_error_handlers
 from api.metrics import CONTENT_TYPE_LATEST, RequestMetricsMiddleware, ServiceMetrics
 from api.schemas import Health
 from retrieval.errors import EncoderUnavailable
+from retrieval.memory import return_large_frees_to_os
 from retrieval.types import Encoder
 
 log = logging.getLogger("cnclip.worker")
@@ -35,6 +36,7 @@ def create_worker_app(settings: Settings, encoder: Encoder | None = None) -> Fas
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         from retrieval.encoder import LocalEncoder
 
+        return_large_frees_to_os()  # see retrieval/memory.py
         own = encoder is None
         # The worker runs the model itself, whatever CNCLIP_ENCODER says: it is the remote end.
         enc = LocalEncoder(settings, observer=metrics) if own else encoder

@@ -23,11 +23,11 @@ def register(app: typer.Typer) -> None:
         API nodes embed through it with CNCLIP_ENCODER=triton://HOST:PORT. The port is bound before
         the model loads."""
         from api.cli_logging import SERVER_FORMAT, configure_logging
-        from api.config import Settings
-        from api.serve_cli import bind_listener, exit_on_bad_model, project_log_level, run_server
+        from api.serve_cli import bind_listener, exit_on_bad_model, load_settings, project_log_level, run_server
+        from api.slow_clients import server_protocol
         from api.worker import create_worker_app
 
-        settings = Settings()
+        settings = load_settings()
         if host is not None:
             settings = settings.model_copy(update={"host": host})
         exit_on_bad_model(settings.model_copy(update={"encoder": "local"}))  # the worker always runs the model
@@ -41,4 +41,5 @@ def register(app: typer.Typer) -> None:
             workers=1,  # one process owns the model; its batcher merges concurrent requests
             timeout_graceful_shutdown=10,
             timeout_keep_alive=30,  # longer than clients' idle pools (see `cnclip serve`)
+            http=server_protocol(settings),  # slow or endless heads and bodies close the connection
         )

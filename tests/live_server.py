@@ -13,13 +13,18 @@ from typing import Any
 
 import uvicorn
 
-from api.slow_clients import guarded_protocol
+from api.config import Settings
+from api.slow_clients import server_protocol
 
 
 class LiveServer:
-    """`with LiveServer(app) as server:` serves `app` on `server.host`, `server.port`."""
+    """`with LiveServer(app) as server:` serves `app` on `server.host`, `server.port`, with the HTTP
+    protocol `cnclip serve` runs, on the app's settings (`header_timeout_s` overrides theirs)."""
 
-    def __init__(self, app: Any, header_timeout_s: float = 10.0) -> None:
+    def __init__(self, app: Any, header_timeout_s: float | None = None) -> None:
+        settings: Settings = getattr(app.state, "settings", None) or Settings(_env_file=None)
+        if header_timeout_s is not None:
+            settings = settings.model_copy(update={"header_read_timeout_s": header_timeout_s})
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.sock.bind(("127.0.0.1", 0))
@@ -32,7 +37,7 @@ class LiveServer:
             lifespan="on",
             timeout_graceful_shutdown=1,
             timeout_keep_alive=30,
-            http=guarded_protocol(header_timeout_s),
+            http=server_protocol(settings),
         )
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True)

@@ -104,3 +104,19 @@ def test_an_app_that_cannot_start_exits_1_not_3(
     monkeypatch.setenv("CNCLIP_DATA_DIR", str(tmp_path))
     result = CliRunner().invoke(build_cli(), ["serve", "--port", str(free_port())])
     assert result.exit_code == 1, result.output
+
+
+@pytest.mark.parametrize("command", ["serve", "worker"])
+@pytest.mark.parametrize("key", ["", "  "])
+def test_an_empty_api_key_is_refused_at_start_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, toy_model_dir: Path, tmp_path: Path, command: str, key: str
+) -> None:
+    """`CNCLIP_API_KEY=` is not silently "no key" (nor a key an empty header matches): exit 2, one line."""
+    started: list[Any] = []
+    monkeypatch.setattr("api.serve_cli.run_server", lambda app, *args, **kwargs: started.append(app))
+    monkeypatch.setenv("CNCLIP_MODEL_DIR", str(toy_model_dir))
+    monkeypatch.setenv("CNCLIP_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("CNCLIP_API_KEY", key)
+    result = CliRunner().invoke(build_cli(), [command])
+    assert result.exit_code == 2 and not started
+    assert result.output.strip() == "error: CNCLIP_API_KEY: set but empty; set a key, or unset it to serve without one"

@@ -10,7 +10,7 @@ import zlib
 import numpy as np
 import pytest
 import torch
-from PIL import Image, ImageOps
+from PIL import Image, ImageFile, ImageOps
 
 import retrieval
 from retrieval.errors import InvalidImage, PayloadTooLarge
@@ -172,6 +172,46 @@ def test_limits_are_configurable() -> None:
         retrieval.preprocess_image(BAD_INPUTS["png_60000x60000"])
     with pytest.raises(InvalidImage, match="expected image bytes"):
         retrieval.preprocess_image("not bytes")  # type: ignore[arg-type]
+
+
+def _grey_png_header(width: int, height: int) -> bytes:
+    """A PNG signature and IHDR claiming width×height, then one empty IDAT: enough for the header check."""
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b"")
+
+
+@pytest.mark.parametrize("size", [(1, 50_000_000), (50_000_000, 1), (65_536, 700)])
+def test_each_side_is_capped_not_only_the_area(size: tuple[int, int]) -> None:
+    """A 1×50,000,000 PNG is within the 50 M pixel cap but took 11 s to decode and resize, holding the GIL."""
+    data = _grey_png_header(*size)
+    with pytest.raises(InvalidImage, match="each side may be at most 65,535"):
+        retrieval.probe_image(data)
+    with pytest.raises(InvalidImage, match="each side may be at most 65,535"):
+        retrieval.preprocess_image(data)
+    assert retrieval.probe_image(_grey_png_header(65_535, 700))[1:] == (65_535, 700)  # the longest side allowed
+
+
+@pytest.mark.parametrize(
+    ("fmt", "rotated"), [("PNG", False), ("PNG", True), ("JPEG", True), ("WEBP", True), ("GIF", False), ("TIFF", False)]
+)
+def test_probe_decodes_no_pixels(monkeypatch: pytest.MonkeyPatch, fmt: str, rotated: bool) -> None:
+    """The upload check reads headers only (a PNG without EXIF was decoded whole by getexif())."""
+    buf = io.BytesIO()
+    exif = Image.Exif()
+    exif[0x0112] = 6  # rotated 90°: displayed as 48×64
+    Image.new("RGB", (64, 48), (200, 30, 40)).save(buf, fmt, **({"exif": exif} if rotated else {}))
+
+    def no_decoding(self: object) -> None:
+        raise AssertionError("probe_image decoded pixels")
+
+    monkeypatch.setattr(ImageFile.ImageFile, "load", no_decoding)
+    mime, width, height = retrieval.probe_image(buf.getvalue())
+    assert mime == Image.MIME[fmt]
+    assert (width, height) == ((48, 64) if rotated else (64, 48))
 
 
 def test_fuzz_random_and_mutated_bytes_only_raise_invalid_image() -> None:

@@ -7,13 +7,14 @@ from typing import Annotated
 from fastapi import APIRouter, File, Form, Request, UploadFile
 
 from api.deps import EncoderDep, LabelSetsDep, MetricsDep, ReadAccess, SettingsDep, run_blocking
+from api.guarded_route import GuardedRoute
 from api.schemas import NAME_PATTERN, LabelProbability
 from api.searching import StageTimer
 from api.uploads import inspect_image, parse_string_list, read_upload
 from retrieval.errors import InvalidInput
 from retrieval.prompts import MAX_LABEL_CHARS, MAX_LABELS, MAX_TEMPLATE_CHARS, MAX_TEMPLATES, check_prompts
 
-router = APIRouter(prefix="/v1", tags=["classify"], dependencies=[ReadAccess])
+router = APIRouter(prefix="/v1", tags=["classify"], dependencies=[ReadAccess], route_class=GuardedRoute)
 
 
 @router.post("/classify", response_model=list[LabelProbability])

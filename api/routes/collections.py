@@ -16,6 +16,7 @@ from api.deps import (
     WriteAccess,
     run_blocking,
 )
+from api.guarded_route import GuardedRoute
 from api.schemas import (
     MAX_QUERY_CHARS,
     MAX_TAGS,
@@ -32,7 +33,7 @@ from indexer.service import CollectionService
 from indexer.types import CollectionInfo, NewImage, NewText
 from retrieval.relevance import suggested_min_scores
 
-router = APIRouter(prefix="/v1/collections", tags=["collections"])
+router = APIRouter(prefix="/v1/collections", tags=["collections"], route_class=GuardedRoute)
 
 Name = Annotated[str, Path(pattern=COLLECTION_NAME_PATTERN, description="Collection name (case-insensitive).")]
 TEXT_BATCH = 64  # texts per encoder call when adding many

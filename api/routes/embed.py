@@ -7,11 +7,12 @@ from typing import Annotated
 from fastapi import APIRouter, File, UploadFile
 
 from api.deps import EncoderDep, ReadAccess, SettingsDep, run_blocking
+from api.guarded_route import GuardedRoute
 from api.schemas import MAX_EMBED_IMAGES, EmbedResponse, EmbedTextRequest
 from api.uploads import inspect_image, read_upload
 from retrieval.errors import InvalidInput
 
-router = APIRouter(prefix="/v1/embed", tags=["embed"], dependencies=[ReadAccess])
+router = APIRouter(prefix="/v1/embed", tags=["embed"], dependencies=[ReadAccess], route_class=GuardedRoute)
 
 
 @router.post("/text", response_model=EmbedResponse)

@@ -5,11 +5,12 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 
 from api.deps import MetricsDep, ReadAccess, run_blocking
+from api.guarded_route import GuardedRoute
 from api.metrics import CONTENT_TYPE_LATEST
 from api.schemas import Health
 from retrieval.errors import EncoderUnavailable
 
-router = APIRouter(tags=["health"])
+router = APIRouter(tags=["health"], route_class=GuardedRoute)
 
 
 @router.get("/healthz", response_model=Health)

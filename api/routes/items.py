@@ -13,13 +13,14 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import FileResponse
 
 from api.deps import CatalogDep, CollectionsDep, MetricsDep, ReadAccess, WriteAccess, run_blocking
+from api.guarded_route import GuardedRoute
 from api.schemas import MAX_K, MAX_OFFSET, MIN_SCORE_DOC, OFFSET_DOC, SORT_DOC, Deleted, ItemId, ItemOut, SearchResponse
 from api.searching import StageTimer, item_out, page_out, to_search_filters
 from api.thumbnails import ensure_thumbnail, thumbnail_path
 from indexer.media_check import verified_media_path
 from indexer.paging import PageRequest, SortOrder
 
-router = APIRouter(prefix="/v1/items", tags=["items"])
+router = APIRouter(prefix="/v1/items", tags=["items"], route_class=GuardedRoute)
 
 _MEDIA_CACHE = {"Cache-Control": "private, max-age=86400"}
 

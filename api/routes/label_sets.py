@@ -7,11 +7,12 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Response
 
 from api.deps import LabelSetsDep, ReadAccess, WriteAccess, run_blocking
+from api.guarded_route import GuardedRoute
 from api.schemas import NAME_PATTERN, LabelSet, NamedLabelSet
 from retrieval.prompts import check_prompts
 from retrieval.zeroshot import DEFAULT_TEMPLATES
 
-router = APIRouter(prefix="/v1/label-sets", tags=["label sets"])
+router = APIRouter(prefix="/v1/label-sets", tags=["label sets"], route_class=GuardedRoute)
 
 SetName = Annotated[str, Path(pattern=NAME_PATTERN, description="Letters, digits, _ - . (at most 64).")]
 

@@ -8,13 +8,14 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, File, Form, UploadFile
 
 from api.deps import CollectionsDep, EncoderDep, MetricsDep, ReadAccess, SettingsDep, run_blocking
+from api.guarded_route import GuardedRoute
 from api.schemas import MAX_K, MAX_OFFSET, MIN_SCORE_DOC, OFFSET_DOC, SORT_DOC, SearchResponse, TextSearchRequest
 from api.searching import StageTimer, page_out, to_search_filters
 from api.uploads import inspect_image, read_upload
 from indexer.names import COLLECTION_NAME_PATTERN
 from indexer.paging import PageRequest, SortOrder
 
-router = APIRouter(prefix="/v1/search", tags=["search"], dependencies=[ReadAccess])
+router = APIRouter(prefix="/v1/search", tags=["search"], dependencies=[ReadAccess], route_class=GuardedRoute)
 
 
 @router.post("/text", response_model=SearchResponse)
