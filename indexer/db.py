@@ -59,8 +59,10 @@ def _domain_error(context: ExceptionContext) -> None:
         return
     if context.is_disconnect or isinstance(context.sqlalchemy_exception, (OperationalError, InterfaceError)):
         engine = context.engine or (context.connection.engine if context.connection is not None else None)
-        where = repr(engine.url) if engine is not None else "the database"  # repr hides the password
-        raise DatabaseUnavailable(f"{where} is unavailable: {_one_line(original)}") from context.sqlalchemy_exception
+        where = f" at {engine.url!r}" if engine is not None else ""  # repr hides the password
+        raise DatabaseUnavailable(
+            f"cannot reach the database{where}: {_one_line(original)}"
+        ) from context.sqlalchemy_exception
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
