@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from indexer.db import DatabaseUnavailable
-from indexer.media import StorageFull
+from indexer.disk_full import StorageFull
 from indexer.media_check import MediaChanged
 from indexer.vector_store import VectorStoreBusy, VectorStoreUnavailable
 from retrieval.errors import (

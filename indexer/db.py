@@ -24,7 +24,7 @@ from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from indexer.config import StorageSettings
-from indexer.media import StorageFull
+from indexer.disk_full import StorageFull
 from retrieval.errors import CnclipError
 
 log = logging.getLogger(__name__)

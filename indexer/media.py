@@ -11,7 +11,6 @@ sweep never deletes a copy that some process, this one or another, is about to c
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import os
 import threading
@@ -19,7 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from retrieval.errors import CnclipError
+from indexer.disk_full import StorageFull, is_storage_full
 
 EXTENSIONS = {
     "image/jpeg": ".jpg",
@@ -31,18 +30,6 @@ EXTENSIONS = {
 
 TEMP_MARK = ".tmp-"  # in every temp file's name: what the start-up sweep recognises
 LOCK_NAME = ".lock"  # media/.lock: shared by writers until commit, exclusive for the sweep
-_FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
-
-
-class StorageFull(CnclipError):
-    """The disk (or the quota) under the data dir or the database is full: nothing was stored."""
-
-    code = "storage_full"
-
-
-def is_storage_full(exc: OSError) -> bool:
-    """ENOSPC or EDQUOT: the write failed for want of space, not for a bug."""
-    return exc.errno in _FULL_ERRNOS
 
 
 def media_root(data_dir: Path) -> Path:

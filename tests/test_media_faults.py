@@ -1,5 +1,6 @@
-"""Upload copies on a full disk (507, nothing left behind) and the start-up sweep of the media folder
-(orphans of a killed process removed; nothing another process is writing ever touched)."""
+"""Upload copies on a full disk (507, nothing left behind), FAISS files on a full disk (the committed
+write still succeeds), and the start-up sweep of the media folder (orphans of a killed process
+removed; nothing another process is writing ever touched)."""
 
 from __future__ import annotations
 
@@ -102,6 +103,33 @@ def test_a_quota_exceeded_while_writing_answers_507_and_removes_the_temp_file(
         assert len(written) == 1 and ".tmp-" in written[0].name  # there was a temp file…
         assert not written[0].exists()  # …and it is gone
         assert_nothing_stored(client, media)
+
+
+def test_a_full_disk_while_saving_the_index_file_fails_no_upload_and_leaves_no_temp_file(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = settings.model_copy(update={"index_save_interval_s": 0})  # every write saves the FAISS file
+    indexes = settings.data_dir / "indexes"
+    real_fsync = os.fsync
+
+    def disk_full_for_index_files(fd: int) -> None:
+        path = Path(os.readlink(f"/proc/self/fd/{fd}"))
+        if path.is_relative_to(indexes) and ".tmp-" in path.name:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real_fsync(fd)
+
+    with api_client(settings) as client:
+        assert client.post("/v1/collections", json={"name": "photos", "kind": "images"}).status_code == 201
+        monkeypatch.setattr(os, "fsync", disk_full_for_index_files)
+        added = upload(client, image_bytes((10, 20, 30)))
+        assert added.status_code == 201, added.text  # SQL has it: the file is derived data
+        found = client.post("/v1/search/text", json={"query": "猫", "collection": "photos"}).json()["results"]
+        assert [hit["id"] for hit in found] == [added.json()["id"]]
+        assert not list(indexes.rglob("*.tmp-*"))
+        assert any("index file not saved" in r.getMessage() for r in caplog.records)
+        monkeypatch.undo()  # space again: the file is saved at the next change or on close
+    with api_client(settings) as client:
+        assert client.get("/v1/collections/photos").json()["vectors"] == 1
 
 
 def age(path: Path) -> Path:
