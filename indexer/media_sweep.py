@@ -101,6 +101,10 @@ def _remove(
     cutoff: float,
     lock_wait_s: float,
 ) -> SweepResult:
+    # A first answer without the lock: a copy named now is kept (even if its row goes later, whoever
+    # deletes the row removes the copy), so only the few unnamed ones are asked again under the lock.
+    in_use = referenced(sorted(copies))
+    copies = {sha: path for sha, path in copies.items() if sha not in in_use}
     if not temps and not copies:
         return SweepResult(0, 0)
     deadline = time.monotonic() + lock_wait_s

@@ -10,6 +10,7 @@ import io
 import logging
 import os
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -216,10 +217,27 @@ def test_the_sweep_waits_for_a_write_in_flight_and_keeps_what_it_commits(tmp_pat
     assert result.orphans == 0 and media_file(media, sha, "image/png").exists()
 
 
-def test_a_sweep_that_cannot_get_the_lock_removes_nothing(tmp_path: Path) -> None:
+def test_a_sweep_while_another_process_uploads_removes_nothing(tmp_path: Path) -> None:
     media = tmp_path / "media"
     files = leftovers(media)
-    with media_writes(media):  # an upload that never ends
-        result = sweep_media(media, lambda shas: set(), lock_wait_s=0.2)
+    holder = subprocess.Popen(  # another process, between writing a copy and committing its row
+        [sys.executable, "-c", HOLD_THE_MEDIA_LOCK, str(media)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
+        result = sweep_media(media, lambda shas: set(), lock_wait_s=0.3)
+    finally:
+        holder.kill()
+        holder.wait()
     assert result.skipped and all(p.exists() for p in files.values())
     assert sweep_media(media, lambda shas: set()).orphans == 1  # once it is free
+
+
+HOLD_THE_MEDIA_LOCK = """
+import sys, time
+from pathlib import Path
+from indexer.media import media_writes
+with media_writes(Path(sys.argv[1])):
+    print("holding", flush=True)
+    time.sleep(60)
+"""
