@@ -21,6 +21,7 @@ from api.label_store import LabelSetStore
 from api.limits import BodySizeLimitMiddleware, max_request_bytes
 from api.metrics import RequestMetricsMiddleware, ServiceMetrics
 from api.openapi import install_openapi
+from api.readiness import DatabaseProbe
 from api.request_guard import RequestGuardMiddleware
 from api.routes import classify, collections, embed, health, items, label_sets, search
 from indexer.engines import open_catalog
@@ -47,11 +48,12 @@ def create_app(settings: Settings, encoder: Encoder | None = None, catalog: Cata
         return_large_frees_to_os()  # decoded images and large bodies leave no memory behind (retrieval/memory.py)
         own_catalog = catalog is None
         own_encoder = encoder is None
-        cat = await run_blocking(open_catalog, settings) if own_catalog else catalog
+        cat = await run_blocking(open_catalog, settings, sweep_media=True) if own_catalog else catalog
         try:
             enc = create_encoder(settings, observer=metrics) if own_encoder else encoder
-            assert enc is not None
+            assert enc is not None and cat is not None
             app.state.catalog = cat
+            app.state.database_probe = DatabaseProbe(cat.ping, settings.readiness_interval_s)
             app.state.encoder = enc
             app.state.service = collection_service(cat, enc, settings)  # type: ignore[arg-type]
             # One setting sizes both text-embedding caches, so 0 turns caching of text vectors off.
@@ -86,6 +88,7 @@ def create_app(settings: Settings, encoder: Encoder | None = None, catalog: Cata
     app.state.encoder = None
     app.state.catalog = None
     app.state.service = None
+    app.state.database_probe = None
     app.state.label_sets = LabelSetStore(settings.data_dir / "label_sets.json")
     app.state.thumbs_dir = settings.data_dir / "thumbs"
     app.state.media_dir = media_root(settings.data_dir)

@@ -29,6 +29,13 @@ class Settings(StorageSettings):
     body_read_timeout_s: float = Field(
         60.0, gt=0, description="A request's body must arrive within this time of its headers, else 408."
     )
+    readiness_interval_s: float = Field(
+        2.0,
+        gt=0,
+        le=300,
+        description="`/readyz` asks the database (one indexed read, off the event loop) at most this often; "
+        "it answers 503 while the database is down.",
+    )
 
     @field_validator("api_key")
     @classmethod

@@ -23,6 +23,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from indexer.db import DatabaseUnavailable
+from indexer.disk_full import StorageFull
 from indexer.media_check import MediaChanged
 from indexer.vector_store import VectorStoreBusy, VectorStoreUnavailable
 from retrieval.errors import (
@@ -64,14 +65,19 @@ STATUS_BY_ERROR: tuple[tuple[type[CnclipError], int], ...] = (
     (DatabaseUnavailable, 503),
     (VectorStoreBusy, 503),
     (VectorStoreUnavailable, 503),
+    (StorageFull, 507),  # nothing was stored; retrying helps only once someone frees space
     (CnclipError, 500),  # ModelError and anything else the project raises on purpose
 )
 
 # What a client sees of a 5xx: the cause stays in the server log.
 _PUBLIC_5XX = {
     503: "the service is not ready (encoder warming up or unreachable, or database unavailable); retry in a moment",
+    507: "the server's storage is full; nothing was stored",
     500: "internal server error",
 }
+
+# Every 503 is a passing state (warming up, database or vector store away): clients retry after this.
+UNAVAILABLE_RETRY_AFTER_S = 2
 
 # Codes for the HTTP errors Starlette raises itself.
 _HTTP_CODES = {
@@ -86,6 +92,7 @@ _HTTP_CODES = {
     422: "invalid_input",
     429: "overloaded",
     503: "unavailable",
+    507: "storage_full",
 }
 
 
@@ -128,11 +135,13 @@ def _describe_validation(errors: Sequence[Any]) -> str:
 
 
 def retry_headers(exc: CnclipError) -> dict[str, str] | None:
-    """`Retry-After` for an overloaded batcher, `WWW-Authenticate` for a missing key."""
+    """`Retry-After` for an overloaded batcher and for every 503, `WWW-Authenticate` for a missing key."""
     if isinstance(exc, Overloaded):
         return {"Retry-After": str(max(1, math.ceil(exc.retry_after)))}
     if isinstance(exc, Unauthorized):
         return {"WWW-Authenticate": "Bearer"}
+    if http_status(exc) == 503:
+        return {"Retry-After": str(UNAVAILABLE_RETRY_AFTER_S)}
     return None
 
 

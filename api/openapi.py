@@ -56,7 +56,9 @@ _DESCRIPTIONS = {
     429: "The encoder's queue is full; retry after `Retry-After` seconds.",
     500: "A bug; the message quotes the request id to report.",
     501: "A request Content-Encoding other than gzip, deflate or identity.",
-    503: "Not ready: the encoder is warming up or unreachable, or the database is down.",
+    503: "Not ready: the encoder is warming up or unreachable, or the database is down or locked; "
+    "retry after `Retry-After` seconds.",
+    507: "The server's disk (or quota) is full; nothing was stored.",
 }
 # Success bodies FastAPI cannot infer from the route's return type.
 _MEDIA_200 = {"content": {"image/*": {"schema": {"type": "string", "format": "binary"}}}, "description": "The bytes."}
@@ -86,8 +88,8 @@ ROUTES: dict[tuple[str, str], tuple[str, set[int]]] = {
     ("post", "/v1/collections"): (_W, _CAT | {409}),
     ("get", "/v1/collections/{name}"): (_R, _CAT),
     ("delete", "/v1/collections/{name}"): (_W, _CAT),
-    ("post", "/v1/collections/{name}/items"): (_W, _ENC | _CAT | {409}),
-    ("post", "/v1/collections/{name}/texts"): (_W, _ENC | _CAT | {409}),
+    ("post", "/v1/collections/{name}/items"): (_W, _ENC | _CAT | {409, 507}),
+    ("post", "/v1/collections/{name}/texts"): (_W, _ENC | _CAT | {409, 507}),
     ("get", "/v1/items/{item_id}"): (_R, _CAT),
     ("delete", "/v1/items/{item_id}"): (_W, _CAT),
     ("get", "/v1/items/{item_id}/image"): (_R, _CAT | {410}),

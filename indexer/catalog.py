@@ -26,6 +26,7 @@ from sqlalchemy import Engine
 from indexer.index_spec import parse_index
 from indexer.media import media_root
 from indexer.media_check import verified_media_path
+from indexer.media_sweep import SweepResult, sweep_media
 from indexer.names import check_collection_name, collection_key
 from indexer.rows import ItemRows
 from indexer.sql_values import naive_utc, text_sha
@@ -405,6 +406,14 @@ class SqlCatalog:
             with sync.lock:
                 sync.catch_up(state.version)
             sync.store.save()
+
+    def ping(self) -> None:
+        """One cheap read of the database (readiness); `DatabaseUnavailable` when it does not answer."""
+        self.rows.ping()
+
+    def sweep_media(self) -> SweepResult:
+        """Remove upload copies no row names and stale temp files (see indexer/media_sweep.py)."""
+        return sweep_media(self.media_dir, self.rows.uploads_in_use)
 
     def close(self) -> None:
         """Save the stores and release the database."""

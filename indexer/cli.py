@@ -286,7 +286,7 @@ async def _index(
 
     # A writer: vector stores are opened when it flushes, at the end (a server running meanwhile
     # catches up from SQL by itself).
-    catalog = await asyncio.to_thread(open_catalog, settings, open_stores=False)
+    catalog = await asyncio.to_thread(open_catalog, settings, open_stores=False, sweep_media=True)
     encoder = create_encoder(settings)
     loop.add_signal_handler(signal.SIGINT, on_sigint)
     try:

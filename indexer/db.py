@@ -1,4 +1,10 @@
-"""Database engine and schema migrations (Alembic, configured in code: no alembic.ini needed)."""
+"""Database engine and schema migrations (Alembic, configured in code: no alembic.ini needed).
+
+Every engine made here turns a lost or refused connection (the driver's OperationalError or
+InterfaceError, on connect or mid-query; SQLite's "database is locked" past its busy timeout) into
+`DatabaseUnavailable` (the API answers 503 with Retry-After), and a full disk on the database's side
+into `StorageFull`, in one `handle_error` hook, so no caller catches SQLAlchemy's own errors.
+"""
 
 from __future__ import annotations
 
@@ -14,9 +20,11 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, create_engine, event
-from sqlalchemy.exc import OperationalError
+from sqlalchemy.engine import ExceptionContext
+from sqlalchemy.exc import InterfaceError, OperationalError
 
 from indexer.config import StorageSettings
+from indexer.disk_full import StorageFull
 from retrieval.errors import CnclipError
 
 log = logging.getLogger(__name__)
@@ -26,9 +34,35 @@ MIGRATION_LOCK_KEY = 0x636E636C6970  # "cnclip": the PostgreSQL advisory lock mi
 
 
 class DatabaseUnavailable(CnclipError):
-    """The SQL database cannot be reached (the API answers 503)."""
+    """The SQL database cannot be reached or is locked for now: retryable (the API answers 503)."""
 
     code = "database_unavailable"
+
+
+_DISK_FULL_SQLSTATE = "53100"  # PostgreSQL's disk_full
+# SQLite reports SQL it cannot run ("no such column": a bug, a 500) as an OperationalError too.
+_SQLITE_BUGS = {"SQLITE_ERROR"}
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())  # psycopg's messages span lines; a CLI error is one
+
+
+def _domain_error(context: ExceptionContext) -> None:
+    """`handle_error` hook: raise the project's error in place of the driver's (chained to it)."""
+    original = context.original_exception
+    if getattr(original, "sqlite_errorname", None) == "SQLITE_FULL" or (
+        getattr(original, "sqlstate", None) == _DISK_FULL_SQLSTATE
+    ):
+        raise StorageFull(f"the database's disk is full: {_one_line(original)}") from context.sqlalchemy_exception
+    if getattr(original, "sqlite_errorname", None) in _SQLITE_BUGS:
+        return
+    if context.is_disconnect or isinstance(context.sqlalchemy_exception, (OperationalError, InterfaceError)):
+        engine = context.engine or (context.connection.engine if context.connection is not None else None)
+        where = f" at {engine.url!r}" if engine is not None else ""  # repr hides the password
+        raise DatabaseUnavailable(
+            f"cannot reach the database{where}: {_one_line(original)}"
+        ) from context.sqlalchemy_exception
 
 
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
@@ -49,8 +83,10 @@ def create_db_engine(url: str) -> Engine:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 10})
         event.listen(engine, "connect", _sqlite_pragmas)
-        return engine
-    return create_engine(url, pool_pre_ping=True)
+    else:
+        engine = create_engine(url, pool_pre_ping=True)
+    event.listen(engine, "handle_error", _domain_error)
+    return engine
 
 
 def alembic_config(url: str) -> Config:

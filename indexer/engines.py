@@ -36,10 +36,11 @@ def open_vector_engine(settings: Any, database_url: str) -> VectorEngine:
     return FaissEngine(settings.data_dir / "indexes" / url_key, tuning, settings.index_save_interval_s)
 
 
-def open_catalog(settings: Any, *, open_stores: bool = True) -> SqlCatalog:
+def open_catalog(settings: Any, *, open_stores: bool = True, sweep_media: bool = False) -> SqlCatalog:
     """Migrate the database to the newest schema and open it with the configured vector engine;
     `open_stores` also opens and reconciles every collection's store now (a server), instead of on
-    first use (a process that only writes)."""
+    first use (a process that only writes); `sweep_media` removes the upload copies and temp files
+    a killed process left (`cnclip serve` and `cnclip index` at start)."""
     engine = create_db_engine(settings.sqlalchemy_url)
     upgrade(engine)
     catalog = SqlCatalog(
@@ -50,6 +51,8 @@ def open_catalog(settings: Any, *, open_stores: bool = True) -> SqlCatalog:
         max_image_bytes=settings.max_image_bytes,
         max_image_pixels=settings.max_image_pixels,
     )
+    if sweep_media:
+        catalog.sweep_media()
     if open_stores:
         catalog.reconcile_all()
     return catalog

@@ -21,6 +21,7 @@ from typing import Literal
 
 import numpy as np
 
+from indexer.disk_full import StorageFull
 from indexer.index_spec import parse_index
 from indexer.types import SearchFilters
 from indexer.vector_index import IndexFileError, SearchTuning, VectorIndex
@@ -128,8 +129,15 @@ class FaissStore:
                 self._save_locked()
 
     def _save_locked(self) -> None:
-        with _file_lock(self.path, exclusive=True):
-            self.index.save(self.path)
+        try:
+            with _file_lock(self.path, exclusive=True):
+                self.index.save(self.path)
+        except (OSError, StorageFull) as exc:
+            # Every change is committed in SQL and this copy is current; the file is only a head start
+            # for the next open, which catches up from SQL. So a full disk fails no write: retry later.
+            self._dirty_since = time.monotonic()
+            log.warning("collection %s: index file not saved (retried later): %s", self.spec.name, exc)
+            return
         self._dirty_since = None
 
     def close(self) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from contextlib import ExitStack
 from datetime import datetime
 from typing import Any
 
@@ -19,7 +20,7 @@ from sqlalchemy import Engine, delete, exists, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from indexer.media import media_file, store_media
+from indexer.media import media_file, media_writes, store_media
 from indexer.models import CollectionRow, DeletedItemRow, ItemRow, ItemTagRow, VectorRow, utcnow
 from indexer.names import collection_key
 from indexer.sql_values import aware, chunks, naive_utc
@@ -61,6 +62,12 @@ class ItemRows:
     def __init__(self, engine: Engine, media_dir: Any) -> None:
         self.engine = engine
         self.media_dir = media_dir
+
+    def ping(self) -> None:
+        """One indexed read that touches the database file or server (not just `SELECT 1`, which a
+        SQLite connection answers without reading its file)."""
+        with self.engine.connect() as connection:
+            connection.execute(select(CollectionRow.id).limit(1)).first()
 
     # --- collections -----------------------------------------------------------------------
     def create_collection(self, name: str, kind: CollectionKind, model: str, dim: int, factory: str) -> CollectionState:
@@ -148,7 +155,10 @@ class ItemRows:
         """Insert new rows with their (L2-normalised) vectors in one transaction; rows whose sha256 the
         collection has already are not added again. `replace[i]` names a row row i supersedes (a changed
         file), deleted in the same transaction. Returns the results and the version written."""
-        with Session(self.engine, expire_on_commit=False) as session:
+        # The media lock (taken before the first copy is written, released after the session closes)
+        # keeps the start-up sweep of another process from deleting a copy before its row commits.
+        with ExitStack() as media_guard, Session(self.engine, expire_on_commit=False) as session:
+            media_locked = False
             version = bump_version(session, collection.id)
             known: dict[str, int] = {}
             for part in chunks(sorted({row["sha256"] for row in rows})):
@@ -176,6 +186,9 @@ class ItemRows:
                     continue
                 data = row.pop("data", None)
                 if collection.kind == "images" and row.get("path") is None and data is not None:
+                    if not media_locked:
+                        media_guard.enter_context(media_writes(self.media_dir))
+                        media_locked = True
                     store_media(self.media_dir, sha, row["mime"], data)
                 first_of_sha[sha] = len(new_values)
                 values = {**_EMPTY_ITEM, **row, "collection_id": collection.id, "version": version}
@@ -269,6 +282,15 @@ class ItemRows:
             session.execute(delete(ItemRow).where(ItemRow.id.in_([r[0] for r in rows])))
             uploads += [(sha, mime) for _, sha, path, mime in rows if path is None]
         return uploads
+
+    def uploads_in_use(self, shas: Sequence[str]) -> set[str]:
+        """Which of `shas` some upload row (any collection) still names: the media sweep's question."""
+        found: set[str] = set()
+        with Session(self.engine) as session:
+            for part in chunks(list(shas)):
+                query = select(ItemRow.sha256).where(ItemRow.sha256.in_(part), ItemRow.path.is_(None)).distinct()
+                found.update(session.scalars(query))
+        return found
 
     @staticmethod
     def _upload_in_use(session: Session, sha: str) -> bool:

@@ -25,6 +25,7 @@ from typing import Any
 import faiss
 import numpy as np
 
+from indexer.disk_full import StorageFull, is_storage_full
 from indexer.index_spec import FLAT, IndexSpec, InvalidIndexDescription, parse_index
 
 log = logging.getLogger(__name__)
@@ -244,7 +245,8 @@ class VectorIndex:
 
     # --- files ------------------------------------------------------------------------------------
     def save(self, path: Path) -> None:
-        """Write atomically: temp file in the same folder, fsync, rename, fsync the folder."""
+        """Write atomically: temp file in the same folder, fsync, rename, fsync the folder. A full
+        disk is `StorageFull`; a failed save removes its temp file."""
         with self.lock.read():
             meta = {
                 "dim": self.dim,
@@ -258,13 +260,20 @@ class VectorIndex:
         crc = zlib.crc32(body, zlib.crc32(header))
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-        with open(tmp, "wb") as f:
-            f.write(MAGIC + struct.pack("<IQ", len(header), len(body)) + header)
-            f.write(body)
-            f.write(struct.pack("<I", crc))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "wb") as f:
+                f.write(MAGIC + struct.pack("<IQ", len(header), len(body)) + header)
+                f.write(body)
+                f.write(struct.pack("<I", crc))
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError as exc:
+            if is_storage_full(exc):
+                raise StorageFull(f"no space left to save {path.name} ({len(body)} bytes): {exc.strerror}") from exc
+            raise
+        finally:
+            tmp.unlink(missing_ok=True)  # a failed save leaves no temp file to fill the disk further
         dir_fd = os.open(path.parent, os.O_RDONLY)
         try:
             os.fsync(dir_fd)

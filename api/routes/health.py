@@ -8,6 +8,7 @@ from api.deps import MetricsDep, ReadAccess, run_blocking
 from api.guarded_route import GuardedRoute
 from api.metrics import CONTENT_TYPE_LATEST
 from api.schemas import Health
+from indexer.db import DatabaseUnavailable
 from retrieval.errors import EncoderUnavailable
 
 router = APIRouter(tags=["health"], route_class=GuardedRoute)
@@ -21,12 +22,15 @@ async def healthz() -> Health:
 
 @router.get("/readyz", response_model=Health)
 async def readyz(request: Request) -> Health:
-    """Encoders warm and catalog open (503 otherwise)."""
+    """Encoders warm, catalog open and its database answering (503 with Retry-After otherwise; the
+    database is asked at most every `CNCLIP_READINESS_INTERVAL_S`)."""
     state = request.app.state
     if state.catalog is None:
         raise EncoderUnavailable("the catalog is not open yet")
     if state.encoder is None or not state.encoder.ready:
         raise EncoderUnavailable("the encoder is still warming up")
+    if not await state.database_probe.up():
+        raise DatabaseUnavailable("the database does not answer")
     return Health(status="ready")
 
 
