@@ -37,6 +37,13 @@ class VectorStoreUnavailable(CnclipError):
     code = "vector_store_unavailable"
 
 
+class VectorStoreIncompatible(CnclipError):
+    """The engine refuses what we ask for good (a Milvus older than the minimum, a request its version
+    cannot parse): retrying cannot help, so it is not `VectorStoreUnavailable`'s "retry in a moment"."""
+
+    code = "vector_store_incompatible"
+
+
 @dataclass(frozen=True)
 class ItemAttrs:
     """The fields search filters look at, for engines that filter inside the engine (Milvus)."""
