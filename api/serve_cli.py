@@ -57,6 +57,22 @@ def exit_on_bad_model(settings: Settings) -> None:
         raise typer.Exit(2) from exc
 
 
+def exit_on_unusable_vector_store(settings: Settings) -> None:
+    """Fail with one line, not a lifespan traceback, when the vector engine cannot be used: a Milvus
+    server older than the minimum (named in the message) or one that cannot be reached."""
+    from indexer.engines import open_vector_engine
+    from indexer.vector_store import VectorStoreIncompatible, VectorStoreUnavailable
+
+    engine = open_vector_engine(settings, settings.sqlalchemy_url)
+    try:
+        engine.check()
+    except (VectorStoreIncompatible, VectorStoreUnavailable) as exc:
+        typer.secho(f"error: {exc.message}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(1) from exc
+    finally:
+        engine.close()
+
+
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -98,6 +114,7 @@ def register(app: typer.Typer) -> None:
                 err=True,
             )
         exit_on_bad_model(settings)
+        exit_on_unusable_vector_store(settings)
         configure_logging(log_level)
         typer.echo(f"cnclip: model {settings.model_dir}, data {settings.data_dir}")
         uvicorn.run(

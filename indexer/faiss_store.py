@@ -151,6 +151,9 @@ class FaissEngine:
         self.save_interval_s = save_interval_s
         self._remove_stale_temp_files()
 
+    def check(self) -> None:
+        """Nothing to check: the files are opened (and checked) one collection at a time."""
+
     def validate(self, factory: str, dim: int) -> None:
         """Build `factory`, then train, fill and search a small copy of it (IVF lists capped at 8 so
         that 512 sample points suffice): `IVF0`, `HNSW0` and the like fail here, when the collection

@@ -291,6 +291,10 @@ class MilvusEngine:
             raise VectorStoreUnavailable(f"Milvus at {self.uri} failed: {exc.message}") from exc
 
     # --- VectorEngine --------------------------------------------------------------------------
+    def check(self) -> None:
+        """Connect to a server now and learn what it supports (Lite: nothing to ask)."""
+        self.capabilities()
+
     def validate(self, factory: str, dim: int) -> None:
         """`InvalidInput` unless `factory` maps to a Milvus index (milvus_plan.py)."""
         plan_index(factory, dim, self.capabilities())

@@ -94,6 +94,10 @@ class VectorEngine(Protocol):
     @property
     def name(self) -> EngineName: ...
 
+    def check(self) -> None:
+        """Raise now what would stop this engine later: `VectorStoreIncompatible` for a server this
+        code cannot use (too old), `VectorStoreUnavailable` for one it cannot reach."""
+
     def validate(self, factory: str, dim: int) -> None:
         """`InvalidInput` when this engine cannot build `factory` for `dim`-d vectors."""
 

@@ -28,7 +28,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-STOP_TIMEOUT_S = 10.0
+STOP_TIMEOUT_S = 3.0
 
 
 def unavailable_reason() -> str | None:

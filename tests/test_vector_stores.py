@@ -26,6 +26,7 @@ from tests.indexer_helpers import jpeg, open_test_catalog, png, random_unit
 
 DIM = 16
 LITE = EngineUnderTest("milvus-lite")
+HOSTILE = '标签\\" or true or "\n\\'  # ends in a backslash: an unescaped one would eat the closing quote
 
 
 def open_store(tmp_path: Path, database_url: str, engine: EngineUnderTest, **overrides: object) -> SqlCatalog:
@@ -108,6 +109,7 @@ def test_filters_run_in_the_engine_and_fill_k(tmp_path, database_url, engine, fa
     first = [NewImage(jpeg(i), tags=["even"] if i % 2 == 0 else [], mime=None, **taken(i)) for i in range(40)]
     first[5] = NewImage(jpeg(5), tags=["rare", 'x" or tags != "{x}'], **taken(5))  # a hostile tag matches itself only
     first[6] = NewImage(jpeg(6), tags=["rare", "even"], **taken(6))
+    first[7] = NewImage(jpeg(7), tags=[HOSTILE], **taken(7))  # escapes: backslash, quote, newline, not ASCII
     ids = [r.id for r in catalog.add_images("p", first, vectors[:40])]
     time.sleep(0.01)  # created_at of the second batch is strictly later
     second = [NewImage(png(i), tags=["even"] if i % 2 == 0 else [], **taken(i)) for i in range(40, 80)]
@@ -144,6 +146,8 @@ def test_filters_run_in_the_engine_and_fill_k(tmp_path, database_url, engine, fa
         SearchFilters(tags=["rare"]),  # 2 items pass: k=10 gives both, never an empty page
         SearchFilters(tags=['x" or tags != "{x}']),
         SearchFilters(tags=["x"]),  # a prefix of the hostile tag: nothing
+        SearchFilters(tags=[HOSTILE]),
+        SearchFilters(tags=[HOSTILE[:-1]]),  # without its last character: nothing
         SearchFilters(mime=["image/png"]),
         SearchFilters(mime=["image/jpeg"], tags=["even"]),
         SearchFilters(date_from=split),
