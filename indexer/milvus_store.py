@@ -12,10 +12,13 @@ collection whose properties disagree with SQL is dropped and rebuilt from SQL.
 
 What the Milvus supports (milvus_plan.MilvusCapabilities: nullable fields, filter templates, index
 types) is decided once at connect from the server's version; a server older than 2.3 is refused
-there, naming the minimum. Every read asks for Strong consistency itself (not only the collection's
-default, which is Bounded for a collection made by anyone else): a write is searchable when the call
-returns, in this process and in every other. A Milvus error is `VectorStoreIncompatible` when
-retrying cannot cure it (a parse error, an unsupported feature), else `VectorStoreUnavailable`.
+there, naming the minimum. Every read asks for Session consistency itself (not the collection's
+default, which is Bounded for a collection made by anyone else): a process sees its own writes as
+soon as the call returns, and every process applies the changes it sees in SQL to Milvus itself
+(sync.py), so it reads what it caught up to. Strong would wait for the server's next time tick on
+every search (200 ms per search on 2.3.5, measured by benchmarks/bench_engines.py). A Milvus error
+is `VectorStoreIncompatible` when retrying cannot cure it (a parse error, an unsupported feature),
+else `VectorStoreUnavailable`.
 
 Milvus Lite takes one process per file (it holds a `flock` on `<file>/LOCK`). Each process that
 opens a Lite file writes `<file>.owner` (pid and command line), so a second process is told which
@@ -44,6 +47,7 @@ from indexer.milvus_plan import (
     MAX_TOPK,
     MISSING_MIME,
     NO_TAKEN,
+    NOTHING,
     IndexPlan,
     MilvusCapabilities,
     filter_arguments,
@@ -72,7 +76,7 @@ MAX_TAGS = 4_096  # Milvus's bound on an ARRAY field's capacity
 PROPERTY_KEYS = ("cnclip.model", "cnclip.dim", "cnclip.index", "cnclip.fields")
 # The scalar fields a collection holds; a collection made with older ones is rebuilt from SQL.
 FIELDS = "mime,created_at,tags,taken_at"
-STRONG = {"consistency_level": "Strong"}  # read-your-writes, asked for by every read
+READ_YOUR_WRITES = {"consistency_level": "Session"}  # asked for by every read (module docstring)
 
 # pymilvus runs one Lite server per file per process and keeps it until exit; engines of one
 # process (a test's two catalogs, say) share it, so the last one to close stops it and frees the file.
@@ -146,6 +150,15 @@ class MilvusStore:
             part = [int(i) for i in ids[start : start + BATCH]]
             self.engine.call(lambda part=part: self.engine.client().delete(self.name, ids=part))  # absent ids: no-op
             self._dirty = True
+        if len(ids):
+            # Session reads follow this process's upserts, not its deletes (pymilvus records no
+            # timestamp for a delete): one Strong read waits until the server applied them, so
+            # every later read, in any process, sees them.
+            self.engine.call(
+                lambda: self.engine.client().query(
+                    self.name, filter=NOTHING, output_fields=["id"], limit=1, consistency_level="Strong"
+                )
+            )
 
     def search(self, query: np.ndarray, k: int, filters: SearchFilters | None = None) -> tuple[np.ndarray, np.ndarray]:
         # Compressed codes give approximate scores: fetch more candidates and re-rank them exactly.
@@ -172,14 +185,14 @@ class MilvusStore:
     def _search(self, vector: np.ndarray, kwargs: dict[str, Any]) -> list[dict[str, Any]]:
         result = self.engine.call(
             lambda: self.engine.client().search(
-                self.name, data=[vector.tolist()], output_fields=["id"], **kwargs, **STRONG
+                self.name, data=[vector.tolist()], output_fields=["id"], **kwargs, **READ_YOUR_WRITES
             )
         )
         return list(result[0]) if result else []
 
     def count(self) -> int:
         rows = self.engine.call(
-            lambda: self.engine.client().query(self.name, filter="", output_fields=["count(*)"], **STRONG)
+            lambda: self.engine.client().query(self.name, filter="", output_fields=["count(*)"], **READ_YOUR_WRITES)
         )
         return int(rows[0]["count(*)"])
 
@@ -187,7 +200,7 @@ class MilvusStore:
         def every_id() -> np.ndarray:
             found: list[int] = []
             iterator = self.engine.client().query_iterator(
-                self.name, batch_size=BATCH, filter="", output_fields=["id"], **STRONG
+                self.name, batch_size=BATCH, filter="", output_fields=["id"], **READ_YOUR_WRITES
             )
             try:
                 while page := iterator.next():
@@ -340,7 +353,9 @@ class MilvusEngine:
         index.add_index("vector", index_type=plan.index_type, metric_type="IP", params=params)
 
         def create() -> None:
-            client.create_collection(name, schema=schema, index_params=index, properties=properties, **STRONG)
+            client.create_collection(
+                name, schema=schema, index_params=index, properties=properties, consistency_level="Strong"
+            )
 
         try:
             self.call(create)

@@ -18,9 +18,10 @@ from typing import Any
 import numpy as np
 import pytest
 import typer
+from pymilvus import MilvusClient
 
 from api.config import Settings
-from indexer import milvus_plan, milvus_store
+from indexer import milvus_plan
 from indexer.milvus_plan import LITE, filter_arguments, is_permanent, server_capabilities
 from indexer.milvus_store import MilvusEngine, collection_name
 from indexer.types import SearchFilters
@@ -137,13 +138,18 @@ def test_a_filter_the_server_cannot_parse_is_501_never_a_retryable_503(
         assert "retrying will not help" in r.json()["error"]["message"]
 
 
+def bounded(create: Any) -> Any:
+    """`MilvusClient.create_collection` as pymilvus's defaults have it (Bounded), whatever is asked."""
+    return lambda self, *args, **kwargs: create(self, *args, **{**kwargs, "consistency_level": "Bounded"})
+
+
 @pytest.mark.milvus_server
 def test_reads_see_writes_at_once_in_a_bounded_collection(
     milvus_server_uri: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     engine = server_engine(milvus_server_uri)
     with monkeypatch.context() as made_elsewhere:  # created the way pymilvus does by default: Bounded
-        made_elsewhere.setattr(milvus_store, "STRONG", {})
+        made_elsewhere.setattr(MilvusClient, "create_collection", bounded(MilvusClient.create_collection))
         store = engine.open(spec("bounded1"), no_vectors, lambda _: np.empty(0, np.int64))
     try:
         described = engine.client().describe_collection(collection_name(spec("bounded1")))
