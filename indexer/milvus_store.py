@@ -12,11 +12,12 @@ collection whose properties disagree with SQL is dropped and rebuilt from SQL.
 
 What the Milvus supports (milvus_plan.MilvusCapabilities: nullable fields, filter templates, index
 types) is decided once at connect from the server's version; a server older than 2.3 is refused
-there, naming the minimum. Every read asks for Session consistency itself (not the collection's
-default, which is Bounded for a collection made by anyone else): a process sees its own writes as
-soon as the call returns, and every process applies the changes it sees in SQL to Milvus itself
-(sync.py), so it reads what it caught up to. Strong would wait for the server's next time tick on
-every search (200 ms per search on 2.3.5, measured by benchmarks/bench_engines.py). A Milvus error
+there, naming the minimum. Every read asks for its consistency itself (not the collection's
+default, which is Bounded for a collection made by anyone else). Searches ask for Session: a
+process sees its own writes as soon as the call returns, and every process applies the changes it
+sees in SQL to Milvus itself (sync.py), so it reads what it caught up to; Strong would wait for the
+server's next time tick on every search (200 ms per search on 2.3.5, measured by
+benchmarks/bench_engines.py). Counts and id lists (stats, reconcile) ask for Strong. A Milvus error
 is `VectorStoreIncompatible` when retrying cannot cure it (a parse error, an unsupported feature),
 else `VectorStoreUnavailable`.
 
@@ -76,7 +77,10 @@ MAX_TAGS = 4_096  # Milvus's bound on an ARRAY field's capacity
 PROPERTY_KEYS = ("cnclip.model", "cnclip.dim", "cnclip.index", "cnclip.fields")
 # The scalar fields a collection holds; a collection made with older ones is rebuilt from SQL.
 FIELDS = "mime,created_at,tags,taken_at"
-READ_YOUR_WRITES = {"consistency_level": "Session"}  # asked for by every read (module docstring)
+# Consistency asked for by each read itself (module docstring): searches see this process's writes;
+# counts, id lists and the wait after a delete see every process's (rare calls: Strong's wait is fine).
+SEARCH_READ = {"consistency_level": "Session"}
+EXACT_READ = {"consistency_level": "Strong"}
 
 # pymilvus runs one Lite server per file per process and keeps it until exit; engines of one
 # process (a test's two catalogs, say) share it, so the last one to close stops it and frees the file.
@@ -156,7 +160,7 @@ class MilvusStore:
             # every later read, in any process, sees them.
             self.engine.call(
                 lambda: self.engine.client().query(
-                    self.name, filter=NOTHING, output_fields=["id"], limit=1, consistency_level="Strong"
+                    self.name, filter=NOTHING, output_fields=["id"], limit=1, **EXACT_READ
                 )
             )
 
@@ -185,14 +189,14 @@ class MilvusStore:
     def _search(self, vector: np.ndarray, kwargs: dict[str, Any]) -> list[dict[str, Any]]:
         result = self.engine.call(
             lambda: self.engine.client().search(
-                self.name, data=[vector.tolist()], output_fields=["id"], **kwargs, **READ_YOUR_WRITES
+                self.name, data=[vector.tolist()], output_fields=["id"], **kwargs, **SEARCH_READ
             )
         )
         return list(result[0]) if result else []
 
     def count(self) -> int:
         rows = self.engine.call(
-            lambda: self.engine.client().query(self.name, filter="", output_fields=["count(*)"], **READ_YOUR_WRITES)
+            lambda: self.engine.client().query(self.name, filter="", output_fields=["count(*)"], **EXACT_READ)
         )
         return int(rows[0]["count(*)"])
 
@@ -200,7 +204,7 @@ class MilvusStore:
         def every_id() -> np.ndarray:
             found: list[int] = []
             iterator = self.engine.client().query_iterator(
-                self.name, batch_size=BATCH, filter="", output_fields=["id"], **READ_YOUR_WRITES
+                self.name, batch_size=BATCH, filter="", output_fields=["id"], **EXACT_READ
             )
             try:
                 while page := iterator.next():
