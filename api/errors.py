@@ -25,7 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from indexer.db import DatabaseUnavailable
 from indexer.disk_full import StorageFull
 from indexer.media_check import MediaChanged
-from indexer.vector_store import VectorStoreBusy, VectorStoreUnavailable
+from indexer.vector_store import VectorStoreBusy, VectorStoreIncompatible, VectorStoreUnavailable
 from retrieval.errors import (
     CnclipError,
     Conflict,
@@ -63,6 +63,7 @@ STATUS_BY_ERROR: tuple[tuple[type[CnclipError], int], ...] = (
     (Overloaded, 429),
     (EncoderUnavailable, 503),
     (DatabaseUnavailable, 503),
+    (VectorStoreIncompatible, 501),  # permanent: a retry cannot help, so never the 503 below
     (VectorStoreBusy, 503),
     (VectorStoreUnavailable, 503),
     (StorageFull, 507),  # nothing was stored; retrying helps only once someone frees space
@@ -72,6 +73,8 @@ STATUS_BY_ERROR: tuple[tuple[type[CnclipError], int], ...] = (
 # What a client sees of a 5xx: the cause stays in the server log.
 _PUBLIC_5XX = {
     503: "the service is not ready (encoder warming up or unreachable, or database unavailable); retry in a moment",
+    501: "this deployment cannot do that (a component, e.g. the Milvus server, does not support it); "
+    "retrying will not help",
     507: "the server's storage is full; nothing was stored",
     500: "internal server error",
 }

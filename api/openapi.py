@@ -2,7 +2,7 @@
 
 FastAPI documents a route's success response and a 422 in its own validation-error shape. This
 server sends every error as `{"error": {"code", "message"}}` (the `/v2` routes: `{"error": "..."}`),
-can answer 401/404/409/410/413/429/500/503 too, and takes an API key. So after FastAPI builds the
+can answer 401/404/409/410/413/429/500/501/503 too, and takes an API key. So after FastAPI builds the
 document, `document_errors` adds to each operation the error statuses it can produce (the table
 `ROUTES` and the rule in `_statuses`), with the project's error schema, and the key as two
 security schemes. `tests/test_openapi.py` keeps a committed snapshot of the result:
@@ -55,7 +55,8 @@ _DESCRIPTIONS = {
     422: "The input cannot be used (validation, unreadable image).",
     429: "The encoder's queue is full; retry after `Retry-After` seconds.",
     500: "A bug; the message quotes the request id to report.",
-    501: "A request Content-Encoding other than gzip, deflate or identity.",
+    501: "Not supported here, for good: do not retry (a /v2 Content-Encoding other than gzip, deflate or "
+    "identity; a Milvus server that cannot run the request, `vector_store_incompatible`).",
     503: "Not ready: the encoder is warming up or unreachable, or the database is down or locked; "
     "retry after `Retry-After` seconds.",
     507: "The server's disk (or quota) is full; nothing was stored.",
@@ -77,7 +78,9 @@ _SUCCESS: dict[tuple[str, str], dict[str, Any]] = {
 # parameters imply (see `_statuses`). A route missing here fails tests/test_openapi.py.
 _R, _W, _OPEN = "read", "write", "open"
 _ENC = {429, 503}  # embeds through the batcher: queue full, encoder not ready
-_CAT = {404, 503}  # a collection or item that may not exist; catalog not open
+# A collection or item that may not exist; a vector engine that refuses for good (a Milvus version
+# that cannot run it); catalog not open.
+_CAT = {404, 501, 503}
 ROUTES: dict[tuple[str, str], tuple[str, set[int]]] = {
     ("post", "/v1/search/text"): (_R, _ENC | _CAT),
     ("post", "/v1/search/image"): (_R, _ENC | _CAT),

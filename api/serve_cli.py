@@ -101,6 +101,22 @@ def project_log_level(ctx: typer.Context, log_level: str) -> int:
     return min(uvicorn_level(log_level), verbosity_level(verbose))
 
 
+def exit_on_unusable_vector_store(settings: Settings) -> None:
+    """Fail with one line, not a lifespan traceback, when the vector engine cannot be used: a Milvus
+    server older than the minimum (named in the message) or one that cannot be reached."""
+    from indexer.engines import open_vector_engine
+    from indexer.vector_store import VectorStoreIncompatible, VectorStoreUnavailable
+
+    engine = open_vector_engine(settings, settings.sqlalchemy_url)
+    try:
+        engine.check()
+    except (VectorStoreIncompatible, VectorStoreUnavailable) as exc:
+        typer.secho(f"error: {exc.message}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(1) from exc
+    finally:
+        engine.close()
+
+
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -144,6 +160,7 @@ def register(app: typer.Typer) -> None:
                 err=True,
             )
         exit_on_bad_model(settings)
+        exit_on_unusable_vector_store(settings)
         listener = bind_listener(settings.host, settings.port)  # before the model loads
         configure_logging(project_log_level(ctx, log_level), SERVER_FORMAT)
         typer.echo(f"cnclip: model {settings.model_dir}, data {settings.data_dir}")

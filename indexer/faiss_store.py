@@ -155,6 +155,9 @@ class FaissEngine:
         self.save_interval_s = save_interval_s
         self._remove_stale_temp_files()
 
+    def check(self) -> None:
+        """Nothing to check: the files are opened (and checked) one collection at a time."""
+
     def validate(self, factory: str, dim: int) -> None:
         """`InvalidInput` unless `factory` is in the grammar of indexer/index_spec.py for `dim`-d
         vectors. Parsed, never tried: building a malformed factory string can kill the process

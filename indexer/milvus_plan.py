@@ -1,6 +1,14 @@
-"""Pure translations for the Milvus engine: index description -> Milvus index, filters -> expression.
+"""Pure translations for the Milvus engine: what a Milvus supports, index description -> Milvus
+index, filters -> expression, a Milvus error -> retryable or not.
 
-No pymilvus import here, so these rules are checked without a Milvus (and `validate` costs nothing).
+No pymilvus import here, so these rules are checked without a Milvus.
+
+What a Milvus supports is one `MilvusCapabilities` record, decided once at connect: Milvus Lite is
+the `LITE` record; a server's comes from its version (`server_capabilities`). Servers from 2.3 up
+are supported (`MIN_SERVER`); an older one is refused at connect with the minimum named. Nullable
+fields and filter templates (`filter_params`) arrive in 2.5: the engine never stores a null (an
+unknown mime is `MISSING_MIME`, an unknown taken date `NO_TAKEN`), so one collection reads and
+writes the same on every version (a server upgraded from 2.3 to 2.5 keeps its collections as made).
 
 Index mapping (the same descriptions as FAISS, parsed by indexer/index_spec.py into one record, so
 one collection can move between engines): `Flat` -> FLAT, `IVF{n},Flat` -> IVF_FLAT(nlist=n), `HNSW{M}` / `HNSW{M},Flat` -> HNSW(M,
@@ -13,9 +21,10 @@ by a Lite box (tests, one machine) and the other way round. Compressed indexes a
 exactly from SQL's vectors, so scores stay cosines either way.
 
 Filters are expressions with `{placeholders}` and a parameter dict (Milvus `filter_params`), so a
-user's tag or mime never becomes expression text on a Milvus server. Milvus Lite 3.2 ignores
-template values, so for Lite only, `inline` renders each parameter as a literal with exactly the
-escapes Lite's tokenizer reads (`\\`, `"`, newline, CR, tab): the value can end no string early.
+user's tag or mime never becomes expression text on a server that takes templates (2.5 up).
+Milvus Lite 3.2 ignores template values and servers before 2.5 cannot parse them, so there
+`inline` renders each parameter as a literal with exactly the escapes both grammars read (`\\`,
+`"`, newline, CR, tab): the value can end no string early.
 """
 
 from __future__ import annotations
@@ -28,6 +37,7 @@ from typing import Any
 from indexer.index_spec import parse_index
 from indexer.types import SearchFilters
 from indexer.vector_index import SearchTuning
+from indexer.vector_store import VectorStoreIncompatible
 from retrieval.errors import InvalidInput
 
 MAX_DIM = 32_768  # Milvus's bound for FLOAT_VECTOR dim
@@ -37,6 +47,74 @@ EPOCH = datetime(1970, 1, 1)
 # taken_at of an item with no known date: Milvus Lite's nullable scalars do not compare like SQL's
 # NULL, so an unknown date is a value far before any photo, kept out of every taken filter explicitly.
 NO_TAKEN = -(2**62)
+MISSING_MIME = ""  # mime of an item with none (a text): no filter ever asks for it, see filter_expression
+NOTHING = "id < 0"  # an expression no item passes (ids are SQL primary keys, from 1)
+
+MIN_SERVER = (2, 3, 0)  # the README's "Supported Milvus versions" says the same
+TEMPLATES_SINCE = (2, 5, 0)  # filter_params and nullable fields
+SERVER_INDEXES = frozenset({"FLAT", "IVF_FLAT", "HNSW", "IVF_PQ", "IVF_SQ8"})
+
+
+@dataclass(frozen=True)
+class MilvusCapabilities:
+    """What one Milvus (Lite, or a server of one version) supports; decided once at connect."""
+
+    label: str  # for messages: "Milvus Lite", "Milvus server v2.3.5"
+    lite: bool
+    nullable_fields: bool
+    filter_templates: bool
+    index_types: frozenset[str]
+    legacy_index_params: bool = False  # build parameters only read from the JSON `params` key (Lite 3.2)
+
+
+# Lite 3.2 cannot build IVF_PQ (see above) and ignores template values.
+LITE = MilvusCapabilities(
+    "Milvus Lite",
+    lite=True,
+    nullable_fields=True,
+    filter_templates=False,
+    index_types=SERVER_INDEXES - {"IVF_PQ"},
+    legacy_index_params=True,
+)
+
+
+def server_capabilities(version: str) -> MilvusCapabilities:
+    """The record for a server reporting `version` (e.g. `v2.3.5`, `2.4.13-hotfix`); a server older
+    than `MIN_SERVER`, or one whose version cannot be read, is `VectorStoreIncompatible`."""
+    minimum = ".".join(map(str, MIN_SERVER))
+    match = re.search(r"(\d+)\.(\d+)(?:\.(\d+))?", version or "")
+    if match is None:
+        raise VectorStoreIncompatible(
+            f"cannot tell the Milvus server's version from {version[:80]!r}; cnclip needs Milvus {minimum} or newer"
+        )
+    parsed = (int(match.group(1)), int(match.group(2)), int(match.group(3) or 0))
+    if parsed < MIN_SERVER:
+        raise VectorStoreIncompatible(
+            f"the Milvus server is version {version[:40]}; cnclip needs Milvus {minimum} or newer (upgrade the server)"
+        )
+    modern = parsed >= TEMPLATES_SINCE
+    return MilvusCapabilities(
+        f"Milvus server {version[:40]}",
+        lite=False,
+        nullable_fields=modern,
+        filter_templates=modern,
+        index_types=SERVER_INDEXES,
+    )
+
+
+# A Milvus error that retrying cannot cure: the request is wrong for this version (status code
+# 1100, invalid parameter, since 2.3; 2.3 reports an expression it cannot parse as 65535 with this
+# text; an RPC the server lacks says unimplemented). Anything else (unreachable, timeouts, not
+# loaded yet, rate limits) may pass: retryable.
+_PERMANENT_CODES = frozenset({1100})
+_PERMANENT_TEXT = re.compile(
+    r"cannot parse expression|failed to create query plan|not supported|unsupported|unimplemented", re.I
+)
+
+
+def is_permanent(code: int, message: str) -> bool:
+    """Whether a Milvus error is an incompatibility (never a passing outage)."""
+    return code in _PERMANENT_CODES or bool(_PERMANENT_TEXT.search(message or ""))
 
 
 @dataclass(frozen=True)
@@ -67,7 +145,7 @@ class IndexPlan:
         return {"metric_type": "IP", "params": {}}
 
 
-def plan_index(factory: str, dim: int, lite: bool) -> IndexPlan:
+def plan_index(factory: str, dim: int, supports: MilvusCapabilities) -> IndexPlan:
     """The Milvus index for a description of indexer/index_spec.py's grammar; `InvalidInput` for
     anything else (the grammar's bounds are within Milvus's: nlist <= 65536, 2 <= M <= 2048)."""
     if not 1 <= dim <= MAX_DIM:
@@ -78,7 +156,7 @@ def plan_index(factory: str, dim: int, lite: bool) -> IndexPlan:
     if spec.kind == "hnsw":
         return IndexPlan("HNSW", {"M": spec.links, "efConstruction": EF_CONSTRUCTION})
     if spec.kind == "ivf_pq":
-        if lite:  # see the module docstring: Lite cannot build IVF_PQ
+        if "IVF_PQ" not in supports.index_types:  # see the module docstring: Lite cannot build IVF_PQ
             return IndexPlan("IVF_SQ8", {"nlist": spec.lists})
         return IndexPlan("IVF_PQ", {"nlist": spec.lists, "m": spec.parts, "nbits": spec.bits})
     return IndexPlan("FLAT")
@@ -102,8 +180,11 @@ def filter_expression(filters: SearchFilters | None) -> tuple[str, dict[str, Any
         parts.append("array_contains_all(tags, {tags})")
         params["tags"] = sorted(set(filters.tags))
     if filters.mime:
-        parts.append("mime in {mime}")
-        params["mime"] = sorted(set(filters.mime))
+        # The engine stores MISSING_MIME for "no mime", which SQL's NULL never matches: never ask for it.
+        mimes = sorted({mime for mime in filters.mime if mime != MISSING_MIME})
+        parts.append("mime in {mime}" if mimes else NOTHING)
+        if mimes:
+            params["mime"] = mimes
     if filters.date_from is not None:
         parts.append("created_at >= {date_from}")
         params["date_from"] = micros(filters.date_from)
@@ -120,11 +201,22 @@ def filter_expression(filters: SearchFilters | None) -> tuple[str, dict[str, Any
     return " and ".join(parts), params
 
 
+def filter_arguments(filters: SearchFilters | None, supports: MilvusCapabilities) -> dict[str, Any]:
+    """The search keyword arguments for `filters` on this Milvus: a template and its values where
+    the server takes templates, else the values inlined as escaped literals; {} for no filter."""
+    expression, params = filter_expression(filters)
+    if not expression:
+        return {}
+    if supports.filter_templates:
+        return {"filter": expression, "filter_params": params}
+    return {"filter": inline(expression, params)}
+
+
 _ESCAPES = str.maketrans({"\\": "\\\\", '"': '\\"', "\n": "\\n", "\r": "\\r", "\t": "\\t"})
 
 
 def literal(value: Any) -> str:
-    """A Milvus Lite expression literal for an int, a str or a list of them."""
+    """A Milvus expression literal for an int, a str or a list of them."""
     if isinstance(value, bool) or not isinstance(value, int | str | list):
         raise TypeError(f"no Milvus literal for {type(value).__name__}")
     if isinstance(value, int):
@@ -135,5 +227,5 @@ def literal(value: Any) -> str:
 
 
 def inline(expression: str, params: dict[str, Any]) -> str:
-    """The expression with each `{name}` replaced by its parameter as a literal (Milvus Lite only)."""
+    """The expression with each `{name}` replaced by its parameter as a literal (no templates)."""
     return re.sub(r"\{(\w+)\}", lambda match: literal(params[match.group(1)]), expression)

@@ -8,8 +8,18 @@ made again under the same name never meets the old vectors). Primary key = the S
 FLOAT_VECTOR, and the fields filters look at: mime, created_at and taken_at (microseconds, naive
 UTC like SQL) and tags, so tag / mime / date filters run inside Milvus and a filtered search returns k hits
 whenever k items pass. The model, dimension and index description are collection properties: a
-collection whose properties disagree with SQL is dropped and rebuilt from SQL. Consistency is
-Strong: a write is searchable when the call returns.
+collection whose properties disagree with SQL is dropped and rebuilt from SQL.
+
+What the Milvus supports (milvus_plan.MilvusCapabilities: nullable fields, filter templates, index
+types) is decided once at connect from the server's version; a server older than 2.3 is refused
+there, naming the minimum. Every read asks for its consistency itself (not the collection's
+default, which is Bounded for a collection made by anyone else). Searches ask for Session: a
+process sees its own writes as soon as the call returns, and every process applies the changes it
+sees in SQL to Milvus itself (sync.py), so it reads what it caught up to; Strong would wait for the
+server's next time tick on every search (200 ms per search on 2.3.5, measured by
+benchmarks/bench_engines.py). Counts and id lists (stats, reconcile) ask for Strong. A Milvus error
+is `VectorStoreIncompatible` when retrying cannot cure it (a parse error, an unsupported feature),
+else `VectorStoreUnavailable`.
 
 Milvus Lite takes one process per file (it holds a `flock` on `<file>/LOCK`). Each process that
 opens a Lite file writes `<file>.owner` (pid and command line), so a second process is told which
@@ -33,7 +43,20 @@ from typing import Any
 import numpy as np
 from pymilvus import DataType, MilvusClient, MilvusException
 
-from indexer.milvus_plan import MAX_TOPK, NO_TAKEN, IndexPlan, filter_expression, inline, micros, plan_index
+from indexer.milvus_plan import (
+    LITE,
+    MAX_TOPK,
+    MISSING_MIME,
+    NO_TAKEN,
+    NOTHING,
+    IndexPlan,
+    MilvusCapabilities,
+    filter_arguments,
+    is_permanent,
+    micros,
+    plan_index,
+    server_capabilities,
+)
 from indexer.types import SearchFilters
 from indexer.vector_index import SearchTuning
 from indexer.vector_store import (
@@ -43,6 +66,7 @@ from indexer.vector_store import (
     ItemAttrs,
     StoreSpec,
     VectorStoreBusy,
+    VectorStoreIncompatible,
     VectorStoreUnavailable,
 )
 
@@ -53,6 +77,10 @@ MAX_TAGS = 4_096  # Milvus's bound on an ARRAY field's capacity
 PROPERTY_KEYS = ("cnclip.model", "cnclip.dim", "cnclip.index", "cnclip.fields")
 # The scalar fields a collection holds; a collection made with older ones is rebuilt from SQL.
 FIELDS = "mime,created_at,tags,taken_at"
+# Consistency asked for by each read itself (module docstring): searches see this process's writes;
+# counts, id lists and the wait after a delete see every process's (rare calls: Strong's wait is fine).
+SEARCH_READ = {"consistency_level": "Session"}
+EXACT_READ = {"consistency_level": "Strong"}
 
 # pymilvus runs one Lite server per file per process and keeps it until exit; engines of one
 # process (a test's two catalogs, say) share it, so the last one to close stops it and frees the file.
@@ -67,6 +95,16 @@ class _LiteUnimplemented(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not (record.exc_info and isinstance(record.exc_info[1], NotImplementedError))
+
+
+class _ClientSideSnapshot(logging.Filter):
+    """A server before 2.4 returns no snapshot timestamp to a query iterator; pymilvus then warns
+    `failed to get mvccTs` on every `ids()` and uses its own clock plus one second as the snapshot.
+    Harmless here: that snapshot holds every write acknowledged before the call (the server waits
+    until its clock passes it), which is all reconciling needs. Drop exactly that warning."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("failed to get mvccTs")
 
 
 def is_lite(uri: str) -> bool:
@@ -95,7 +133,7 @@ class MilvusStore:
                 {
                     "id": int(item_id),
                     "vector": vector,
-                    "mime": attr.mime,
+                    "mime": attr.mime or MISSING_MIME,  # no nulls: see milvus_plan.py
                     "created_at": micros(attr.created_at),
                     "taken_at": micros(attr.taken_at) if attr.taken_at is not None else NO_TAKEN,
                     "tags": list(attr.tags[:MAX_TAGS]),
@@ -116,17 +154,25 @@ class MilvusStore:
             part = [int(i) for i in ids[start : start + BATCH]]
             self.engine.call(lambda part=part: self.engine.client().delete(self.name, ids=part))  # absent ids: no-op
             self._dirty = True
+        if len(ids):
+            # Session reads follow this process's upserts, not its deletes (pymilvus records no
+            # timestamp for a delete): one Strong read waits until the server applied them, so
+            # every later read, in any process, sees them.
+            self.engine.call(
+                lambda: self.engine.client().query(
+                    self.name, filter=NOTHING, output_fields=["id"], limit=1, **EXACT_READ
+                )
+            )
 
     def search(self, query: np.ndarray, k: int, filters: SearchFilters | None = None) -> tuple[np.ndarray, np.ndarray]:
-        expression, params = filter_expression(filters)
         # Compressed codes give approximate scores: fetch more candidates and re-rank them exactly.
         limit = min(k * self.engine.tuning.rerank_factor if self.plan.compressed else k, MAX_TOPK)
         kwargs: dict[str, Any] = {"limit": limit, "search_params": self.plan.search_params(self.engine.tuning, limit)}
-        if expression:
-            kwargs.update(self.engine.filter_kwargs(expression, params))
+        filtered = filter_arguments(filters, self.engine.capabilities())
+        kwargs.update(filtered)
         vector = np.asarray(query, dtype=np.float32).reshape(-1)
         hits = self._search(vector, kwargs)
-        if expression and len(hits) < limit and self.plan.index_type != "FLAT":
+        if filtered and len(hits) < limit and self.plan.index_type != "FLAT":
             # An approximate index may visit too few candidates that pass a narrow filter (IVF lists
             # not probed, an HNSW walk cut short): search again exhaustively, so that a filtered
             # search still returns k hits whenever k items pass.
@@ -142,18 +188,24 @@ class MilvusStore:
 
     def _search(self, vector: np.ndarray, kwargs: dict[str, Any]) -> list[dict[str, Any]]:
         result = self.engine.call(
-            lambda: self.engine.client().search(self.name, data=[vector.tolist()], output_fields=["id"], **kwargs)
+            lambda: self.engine.client().search(
+                self.name, data=[vector.tolist()], output_fields=["id"], **kwargs, **SEARCH_READ
+            )
         )
         return list(result[0]) if result else []
 
     def count(self) -> int:
-        rows = self.engine.call(lambda: self.engine.client().query(self.name, filter="", output_fields=["count(*)"]))
+        rows = self.engine.call(
+            lambda: self.engine.client().query(self.name, filter="", output_fields=["count(*)"], **EXACT_READ)
+        )
         return int(rows[0]["count(*)"])
 
     def ids(self) -> np.ndarray:
         def every_id() -> np.ndarray:
             found: list[int] = []
-            iterator = self.engine.client().query_iterator(self.name, batch_size=BATCH, filter="", output_fields=["id"])
+            iterator = self.engine.client().query_iterator(
+                self.name, batch_size=BATCH, filter="", output_fields=["id"], **EXACT_READ
+            )
             try:
                 while page := iterator.next():
                     found.extend(int(row["id"]) for row in page)
@@ -188,6 +240,7 @@ class MilvusEngine:
         self.token = token
         self.tuning = tuning
         self._client: MilvusClient | None = None
+        self._capabilities: MilvusCapabilities | None = LITE if self.lite else None
         self._connect_lock = threading.Lock()
 
     # --- connection ------------------------------------------------------------------------------
@@ -198,13 +251,17 @@ class MilvusEngine:
                     self._client = self._connect()
         return self._client
 
+    def capabilities(self) -> MilvusCapabilities:
+        """What this Milvus supports (connects first, for a server: its version decides)."""
+        if self._capabilities is None:
+            self.client()
+        assert self._capabilities is not None
+        return self._capabilities
+
     def _connect(self) -> MilvusClient:
         started = time.perf_counter()
         if not self.lite:
-            try:
-                return MilvusClient(uri=self.uri, token=self.token)
-            except MilvusException as exc:
-                raise VectorStoreUnavailable(f"cannot reach Milvus at {self.uri}: {exc.message}") from exc
+            return self._connect_server()
         Path(self.uri).parent.mkdir(parents=True, exist_ok=True)
         grpc_log = logging.getLogger("grpc._server")
         if not any(isinstance(f, _LiteUnimplemented) for f in grpc_log.filters):
@@ -221,27 +278,48 @@ class MilvusEngine:
         log.info("Milvus Lite %s opened in %.2f s", self.uri, time.perf_counter() - started)
         return client
 
+    def _connect_server(self) -> MilvusClient:
+        """A client of the server, and its capabilities from its version (asked once, here)."""
+        iterator_log = logging.getLogger("pymilvus.client.iterator.query_iterator")
+        if not any(isinstance(f, _ClientSideSnapshot) for f in iterator_log.filters):
+            iterator_log.addFilter(_ClientSideSnapshot())
+        try:
+            client = MilvusClient(uri=self.uri, token=self.token)
+            version = str(client.get_server_version())
+        except MilvusException as exc:
+            raise VectorStoreUnavailable(f"cannot reach Milvus at {self.uri}: {exc.message}") from exc
+        try:
+            self._capabilities = server_capabilities(version)
+        except VectorStoreIncompatible as exc:
+            client.close()
+            raise VectorStoreIncompatible(f"Milvus at {self.uri}: {exc.message}") from exc
+        log.info("Milvus at %s: %s", self.uri, self._capabilities)
+        return client
+
     def call(self, action: Any) -> Any:
-        """Run one client call; a Milvus error becomes the project's error (never a raw one)."""
+        """Run one client call; a Milvus error becomes the project's error (never a raw one):
+        `VectorStoreIncompatible` when retrying cannot cure it, else `VectorStoreUnavailable`."""
         try:
             return action()
         except MilvusException as exc:
+            if is_permanent(exc.code, exc.message):
+                label = self._capabilities.label if self._capabilities else "Milvus"
+                raise VectorStoreIncompatible(f"{label} at {self.uri} refused the request: {exc.message}") from exc
             raise VectorStoreUnavailable(f"Milvus at {self.uri} failed: {exc.message}") from exc
 
-    def filter_kwargs(self, expression: str, params: dict[str, Any]) -> dict[str, Any]:
-        if self.lite:  # Lite 3.2 ignores filter_params: render the values as escaped literals
-            return {"filter": inline(expression, params)}
-        return {"filter": expression, "filter_params": params}
-
     # --- VectorEngine --------------------------------------------------------------------------
+    def check(self) -> None:
+        """Connect to a server now and learn what it supports (Lite: nothing to ask)."""
+        self.capabilities()
+
     def validate(self, factory: str, dim: int) -> None:
         """`InvalidInput` unless `factory` maps to a Milvus index (milvus_plan.py)."""
-        plan_index(factory, dim, self.lite)
+        plan_index(factory, dim, self.capabilities())
 
     def open(self, spec: StoreSpec, fetch: FetchVectors, filter_ids: FilterIds) -> MilvusStore:
         """The collection as Milvus holds it, created empty when missing and remade when its
         properties disagree with SQL (sync.py then fills it from SQL)."""
-        plan = plan_index(spec.factory, spec.dim, self.lite)
+        plan = plan_index(spec.factory, spec.dim, self.capabilities())
         store = MilvusStore(self, spec, plan, fetch)
         client = self.client()
         wanted = {
@@ -263,22 +341,24 @@ class MilvusEngine:
 
     def _create(self, name: str, spec: StoreSpec, plan: IndexPlan, properties: dict[str, str]) -> None:
         client = self.client()
+        supports = self.capabilities()
         schema = client.create_schema(auto_id=False, enable_dynamic_field=False)
         schema.add_field("id", DataType.INT64, is_primary=True)
         schema.add_field("vector", DataType.FLOAT_VECTOR, dim=spec.dim)
-        schema.add_field("mime", DataType.VARCHAR, max_length=256, nullable=True)
+        # MISSING_MIME, never a null, is written either way: nullable only where it exists (Lite, 2.5+).
+        schema.add_field("mime", DataType.VARCHAR, max_length=256, nullable=supports.nullable_fields)
         schema.add_field("created_at", DataType.INT64)
         schema.add_field("taken_at", DataType.INT64)  # NO_TAKEN when unknown
         schema.add_field("tags", DataType.ARRAY, element_type=DataType.VARCHAR, max_capacity=MAX_TAGS, max_length=1024)
         params: dict[str, Any] = dict(plan.params)
-        if self.lite:  # Lite 3.2 reads build parameters only from the legacy JSON `params` key
+        if supports.legacy_index_params:
             params["params"] = json.dumps(plan.params)
         index = client.prepare_index_params()
         index.add_index("vector", index_type=plan.index_type, metric_type="IP", params=params)
 
         def create() -> None:
             client.create_collection(
-                name, schema=schema, index_params=index, consistency_level="Strong", properties=properties
+                name, schema=schema, index_params=index, properties=properties, consistency_level="Strong"
             )
 
         try:

@@ -37,6 +37,13 @@ class VectorStoreUnavailable(CnclipError):
     code = "vector_store_unavailable"
 
 
+class VectorStoreIncompatible(CnclipError):
+    """The engine refuses what we ask for good (a Milvus older than the minimum, a request its version
+    cannot parse): retrying cannot help, so it is not `VectorStoreUnavailable`'s "retry in a moment"."""
+
+    code = "vector_store_incompatible"
+
+
 @dataclass(frozen=True)
 class ItemAttrs:
     """The fields search filters look at, for engines that filter inside the engine (Milvus)."""
@@ -86,6 +93,10 @@ class VectorStore(Protocol):
 class VectorEngine(Protocol):
     @property
     def name(self) -> EngineName: ...
+
+    def check(self) -> None:
+        """Raise now what would stop this engine later: `VectorStoreIncompatible` for a server this
+        code cannot use (too old), `VectorStoreUnavailable` for one it cannot reach."""
 
     def validate(self, factory: str, dim: int) -> None:
         """`InvalidInput` when this engine cannot build `factory` for `dim`-d vectors."""

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -60,3 +62,73 @@ def project_log_levels() -> Iterator[None]:
     yield
     for name, level in levels.items():
         logging.getLogger(name).setLevel(level)
+
+
+@dataclass(frozen=True)
+class EngineUnderTest:
+    """A vector engine a test runs on: FAISS files, a Milvus Lite file, or the real Milvus server."""
+
+    name: str  # faiss, milvus-lite, milvus-server
+    milvus_uri: str | None = None  # the server's; None: Lite's default file under the data dir
+
+    @property
+    def vector_store(self) -> str:
+        return "faiss" if self.name == "faiss" else "milvus"
+
+    def overrides(self) -> dict[str, Any]:
+        """Settings keyword arguments that select this engine."""
+        return {"vector_store": self.vector_store, **({"milvus_uri": self.milvus_uri} if self.milvus_uri else {})}
+
+    def env(self) -> dict[str, str]:
+        """The same, as CNCLIP_* variables for a `cnclip` subprocess."""
+        return {
+            "CNCLIP_VECTOR_STORE": self.vector_store,
+            **({"CNCLIP_MILVUS_URI": self.milvus_uri} if self.milvus_uri else {}),
+        }
+
+
+@pytest.fixture(scope="session")
+def milvus_server() -> Iterator[Any]:
+    """The real Milvus server (tests/real_milvus.py), started once per test run when a test asks."""
+    from tests.real_milvus import RealMilvus, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    with RealMilvus() as server:
+        yield server
+
+
+@pytest.fixture
+def milvus_server_uri(milvus_server: Any) -> Iterator[str]:
+    """The server's URI; every collection a test made is dropped after it (one server, many tests)."""
+    yield milvus_server.uri
+    from pymilvus import MilvusClient
+
+    client = MilvusClient(uri=milvus_server.uri)
+    try:
+        for name in client.list_collections():
+            client.drop_collection(name)
+    finally:
+        client.close()
+
+
+def engine_under_test(request: pytest.FixtureRequest, name: str) -> EngineUnderTest:
+    if name == "milvus-server":
+        return EngineUnderTest(name, request.getfixturevalue("milvus_server_uri"))
+    return EngineUnderTest(name)
+
+
+MILVUS_SERVER = pytest.param("milvus-server", marks=pytest.mark.milvus_server)
+
+
+@pytest.fixture(params=["faiss", "milvus-lite", MILVUS_SERVER])
+def engine(request: pytest.FixtureRequest) -> EngineUnderTest:
+    """Each vector engine in turn."""
+    return engine_under_test(request, str(request.param))
+
+
+@pytest.fixture(params=["milvus-lite", MILVUS_SERVER])
+def milvus_engine(request: pytest.FixtureRequest) -> EngineUnderTest:
+    """Milvus Lite, then the real Milvus server."""
+    return engine_under_test(request, str(request.param))

@@ -1,5 +1,6 @@
 """Search that fits photos, through the API: a relevance cutoff, date orders, paging with totals, and
-taken_at filters, on text, image and similar-item searches; hostile page parameters are 422."""
+taken_at filters, on text, image and similar-item searches; hostile page parameters are 422. On FAISS
+and on the real Milvus server (its filters run inside Milvus)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from PIL import Image
 from api.config import Settings
 from retrieval.fake import FakeEncoder
 from tests.api_helpers import api_client
+from tests.conftest import MILVUS_SERVER, engine_under_test
 
 COUNT = 40
 DAY0 = datetime(2015, 6, 1, 12, tzinfo=UTC)
@@ -37,8 +39,9 @@ def encoder() -> FakeEncoder:
     return FakeEncoder(dim=32)
 
 
-@pytest.fixture
-def client(settings: Settings, encoder: FakeEncoder) -> Iterator[TestClient]:
+@pytest.fixture(params=["faiss", MILVUS_SERVER])
+def client(request: pytest.FixtureRequest, settings: Settings, encoder: FakeEncoder) -> Iterator[TestClient]:
+    settings = settings.model_copy(update=engine_under_test(request, str(request.param)).overrides())
     with api_client(settings, encoder=encoder) as c:
         assert c.post("/v1/collections", json={"name": "photos", "kind": "images"}).status_code == 201
         for i in range(COUNT):

@@ -23,12 +23,13 @@ from indexer.index_spec import (
     InvalidIndexDescription,
     parse_index,
 )
-from indexer.milvus_plan import IndexPlan, plan_index
+from indexer.milvus_plan import LITE, IndexPlan, plan_index, server_capabilities
 from indexer.vector_index import IndexFileError, SearchTuning, VectorIndex
 from tests.indexer_helpers import cli_env, open_test_catalog, random_unit, write_images
 from tests.test_many_processes import running_server
 
 DIM = 32
+SERVER = server_capabilities("v2.3.5")  # the Milvus server the suite runs
 
 SUPPORTED = [
     ("Flat", FLAT, "Flat"),
@@ -152,15 +153,15 @@ def test_the_catalog_stores_one_spelling_and_refuses_the_corpus(tmp_path: Path) 
 
 
 def test_the_milvus_plan_consumes_the_parsed_record() -> None:
-    assert plan_index("Flat", DIM, lite=False) == IndexPlan("FLAT")
-    assert plan_index("HNSW", DIM, lite=False) == IndexPlan("HNSW", {"M": 32, "efConstruction": 128})
-    assert plan_index("IVF16,Flat", DIM, lite=False) == IndexPlan("IVF_FLAT", {"nlist": 16})
-    assert plan_index("IVF16,PQ8x4", DIM, lite=False) == IndexPlan("IVF_PQ", {"nlist": 16, "m": 8, "nbits": 4})
-    assert plan_index("IVF16,PQ8", DIM, lite=True) == IndexPlan("IVF_SQ8", {"nlist": 16})
-    assert plan_index(f"IVF{MAX_LISTS},Flat", DIM, lite=True).params == {"nlist": MAX_LISTS}
+    assert plan_index("Flat", DIM, SERVER) == IndexPlan("FLAT")
+    assert plan_index("HNSW", DIM, SERVER) == IndexPlan("HNSW", {"M": 32, "efConstruction": 128})
+    assert plan_index("IVF16,Flat", DIM, SERVER) == IndexPlan("IVF_FLAT", {"nlist": 16})
+    assert plan_index("IVF16,PQ8x4", DIM, SERVER) == IndexPlan("IVF_PQ", {"nlist": 16, "m": 8, "nbits": 4})
+    assert plan_index("IVF16,PQ8", DIM, LITE) == IndexPlan("IVF_SQ8", {"nlist": 16})
+    assert plan_index(f"IVF{MAX_LISTS},Flat", DIM, LITE).params == {"nlist": MAX_LISTS}
     for text in MALFORMED:
         with pytest.raises(InvalidIndexDescription):
-            plan_index(text, DIM, lite=False)
+            plan_index(text, DIM, SERVER)
 
 
 def test_cnclip_index_refuses_a_bad_index_before_anything_opens(tmp_path: Path, toy_model_dir: Path) -> None:

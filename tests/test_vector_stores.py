@@ -1,5 +1,5 @@
-"""One contract, every vector engine: FAISS files and Milvus Lite, through `SqlCatalog`, on SQLite and
-PostgreSQL. Add/search (cosine scores, SQL ids), pushed-down filters that still fill k, delete,
+"""One contract, every vector engine: FAISS files, Milvus Lite and the real Milvus server (the `engine`
+fixture, tests/conftest.py), through `SqlCatalog`, on SQLite and PostgreSQL. Add/search (cosine scores, SQL ids), pushed-down filters that still fill k, delete,
 reconcile on open (one log line), rebuild from SQL, idempotent upserts, collection deletion, and a
 Milvus Lite file held by another process.
 """
@@ -21,18 +21,16 @@ import pytest
 from indexer.catalog import SqlCatalog
 from indexer.types import NewImage, NewText, SearchFilters
 from indexer.vector_store import StoreSpec, VectorStoreBusy
+from tests.conftest import EngineUnderTest
 from tests.indexer_helpers import jpeg, open_test_catalog, png, random_unit
 
 DIM = 16
+LITE = EngineUnderTest("milvus-lite")
+HOSTILE = '标签\\" or true or "\n\\'  # ends in a backslash: an unescaped one would eat the closing quote
 
 
-@pytest.fixture(params=["faiss", "milvus"])
-def engine(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
-def open_store(tmp_path: Path, database_url: str, engine: str, **overrides: object) -> SqlCatalog:
-    return open_test_catalog(tmp_path / "data", database_url, vector_store=engine, **overrides)
+def open_store(tmp_path: Path, database_url: str, engine: EngineUnderTest, **overrides: object) -> SqlCatalog:
+    return open_test_catalog(tmp_path / "data", database_url, **engine.overrides(), **overrides)
 
 
 def fill_texts(catalog: SqlCatalog, count: int, factory: str = "Flat", seed: int = 0) -> tuple[list[int], np.ndarray]:
@@ -59,8 +57,9 @@ def engine_holds(catalog: SqlCatalog, spec: StoreSpec) -> bool:
 
 
 def settle(catalog: SqlCatalog, name: str) -> None:
-    """Save, and on Milvus Lite wait until its background build has indexed every row, so that the
-    search goes through the index under test rather than a scan of the write buffer."""
+    """Save, and on Milvus wait until its background build has indexed every row, so that the
+    search goes through the index under test rather than a scan of the write buffer (a server seals
+    its segments only when told to, or when they are full)."""
     catalog.flush()
     if catalog.vectors.name != "milvus":
         return
@@ -69,13 +68,15 @@ def settle(catalog: SqlCatalog, name: str) -> None:
     state = catalog.state(name)
     spec = StoreSpec(state.id, state.name, state.dim, state.factory, state.model, state.vector_key)
     client = catalog.vectors.client()  # type: ignore[attr-defined]
+    if not catalog.vectors.lite:  # type: ignore[attr-defined]
+        client.flush(collection_name(spec))
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
         index = client.describe_index(collection_name(spec), "vector")
         if index["indexed_rows"] == catalog.get_collection(name).items and not index["pending_index_rows"]:
             return
         time.sleep(0.05)
-    raise AssertionError(f"Milvus Lite did not index {name} within 30 s: {index}")
+    raise AssertionError(f"Milvus did not index {name} within 30 s: {index}")
 
 
 def sync_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -108,6 +109,7 @@ def test_filters_run_in_the_engine_and_fill_k(tmp_path, database_url, engine, fa
     first = [NewImage(jpeg(i), tags=["even"] if i % 2 == 0 else [], mime=None, **taken(i)) for i in range(40)]
     first[5] = NewImage(jpeg(5), tags=["rare", 'x" or tags != "{x}'], **taken(5))  # a hostile tag matches itself only
     first[6] = NewImage(jpeg(6), tags=["rare", "even"], **taken(6))
+    first[7] = NewImage(jpeg(7), tags=[HOSTILE], **taken(7))  # escapes: backslash, quote, newline, not ASCII
     ids = [r.id for r in catalog.add_images("p", first, vectors[:40])]
     time.sleep(0.01)  # created_at of the second batch is strictly later
     second = [NewImage(png(i), tags=["even"] if i % 2 == 0 else [], **taken(i)) for i in range(40, 80)]
@@ -144,6 +146,8 @@ def test_filters_run_in_the_engine_and_fill_k(tmp_path, database_url, engine, fa
         SearchFilters(tags=["rare"]),  # 2 items pass: k=10 gives both, never an empty page
         SearchFilters(tags=['x" or tags != "{x}']),
         SearchFilters(tags=["x"]),  # a prefix of the hostile tag: nothing
+        SearchFilters(tags=[HOSTILE]),
+        SearchFilters(tags=[HOSTILE[:-1]]),  # without its last character: nothing
         SearchFilters(mime=["image/png"]),
         SearchFilters(mime=["image/jpeg"], tags=["even"]),
         SearchFilters(date_from=split),
@@ -242,10 +246,14 @@ def test_reconcile_repairs_missing_extra_and_emptied_stores(tmp_path, database_u
 def test_engine_data_dropped_entirely_is_rebuilt_from_sql(tmp_path, database_url, engine) -> None:
     catalog = open_store(tmp_path, database_url, engine)
     ids, vectors = fill_texts(catalog, 50)
+    if engine.name == "milvus-server":
+        client = catalog.vectors.client()  # type: ignore[attr-defined]
+        for name in client.list_collections():
+            client.drop_collection(name)
     catalog.close()
     data = tmp_path / "data"
     for path in (data / "indexes", data / "milvus.db"):
-        assert path.exists() == ((engine == "faiss") == (path.name == "indexes"))
+        assert path.exists() == (path.name == {"faiss": "indexes", "milvus-lite": "milvus.db"}.get(engine.name))
         shutil.rmtree(path, ignore_errors=True)
 
     catalog = open_store(tmp_path, database_url, engine)
@@ -299,7 +307,7 @@ time.sleep(120)
 
 
 def test_a_lite_file_held_by_another_process_is_a_clear_error(tmp_path, database_url) -> None:
-    catalog = open_store(tmp_path, database_url, "milvus")
+    catalog = open_store(tmp_path, database_url, LITE)
     ids, vectors = fill_texts(catalog, 5)
     catalog.close()
     lite = tmp_path / "data" / "milvus.db"
@@ -309,11 +317,11 @@ def test_a_lite_file_held_by_another_process_is_a_clear_error(tmp_path, database
     try:
         assert holder.stdout is not None and holder.stdout.readline().strip() == "holding"
         with pytest.raises(VectorStoreBusy, match=rf"in use by process {holder.pid} \(.*--marker-for-the-test") as err:
-            open_store(tmp_path, database_url, "milvus")  # a server opens every store at start
+            open_store(tmp_path, database_url, LITE)  # a server opens every store at start
         assert err.value.code == "vector_store_busy" and "CNCLIP_MILVUS_URI" in err.value.message
     finally:
         holder.kill()
         holder.wait(timeout=30)
-    catalog = open_store(tmp_path, database_url, "milvus")  # the holder is gone: the file opens again
+    catalog = open_store(tmp_path, database_url, LITE)  # the holder is gone: the file opens again
     assert catalog.search("c", vectors[0], k=1)[0].id == ids[0]
     catalog.close()
