@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass
 
+from indexer.safe_open import FileRefused, open_inside
 from indexer.sources import SourceEntry, looks_like_image
 from indexer.taken import Taken, taken_of
 from indexer.types import FileState
@@ -28,11 +30,20 @@ class PreparedFile:
     taken: Taken
 
 
+def _read_inside(entry: SourceEntry) -> tuple[bytes, float]:
+    """The file's bytes and mtime, read from one descriptor opened without leaving the walked folder
+    (indexer/safe_open.py): a file swapped for a link out of the folder after the walk is not read.
+    Raises `FileRefused` or `OSError`."""
+    with os.fdopen(open_inside(entry.path, entry.root), "rb") as f:
+        return f.read(), os.fstat(f.fileno()).st_mtime
+
+
 def read_file(entry: SourceEntry, state: FileState | None) -> PreparedFile | tuple[str, str] | None:
     """Read, hash and probe one file (reader thread). None: not an image; (path, reason): a bad file."""
     try:
-        stat = entry.path.stat()
-        data = entry.path.read_bytes()
+        data, mtime = _read_inside(entry)
+    except FileRefused as exc:
+        return str(entry.path), f"not read: {exc.message}"
     except OSError as exc:
         return str(entry.path), f"cannot read: {exc.strerror or exc}"
     try:
@@ -43,13 +54,13 @@ def read_file(entry: SourceEntry, state: FileState | None) -> PreparedFile | tup
         return None
     sha = hashlib.sha256(data).hexdigest()
     replaces = state.id if state is not None and state.sha256 != sha else None
-    taken = taken_of(data, stat.st_mtime)
-    return PreparedFile(entry, data, sha, mime, width, height, len(data), stat.st_mtime, replaces, taken)
+    taken = taken_of(data, mtime)
+    return PreparedFile(entry, data, sha, mime, width, height, len(data), mtime, replaces, taken)
 
 
 def read_taken(entry: SourceEntry) -> Taken | None:
     """The date of a file already indexed (the backfill); None when it cannot be read now."""
     try:
-        return taken_of(entry.path.read_bytes(), entry.path.stat().st_mtime)
-    except OSError:
+        return taken_of(*_read_inside(entry))
+    except (FileRefused, OSError):
         return None
