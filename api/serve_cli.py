@@ -57,6 +57,18 @@ def exit_on_bad_model(settings: Settings) -> None:
         raise typer.Exit(2) from exc
 
 
+def exit_on_bad_database(settings: Settings) -> None:
+    """Fail with one line, not a lifespan traceback, when the SQLite file is not a cnclip catalog
+    (empty, not SQLite, another application's schema: indexer/db.py)."""
+    from indexer.db import DatabaseRefused, check_database
+
+    try:
+        check_database(settings.sqlalchemy_url)
+    except DatabaseRefused as exc:
+        typer.secho(f"error: {exc.message}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from exc
+
+
 def _is_loopback(host: str) -> bool:
     if host == "localhost":
         return True
@@ -98,6 +110,7 @@ def register(app: typer.Typer) -> None:
                 err=True,
             )
         exit_on_bad_model(settings)
+        exit_on_bad_database(settings)
         configure_logging(log_level)
         typer.echo(f"cnclip: model {settings.model_dir}, data {settings.data_dir}")
         uvicorn.run(
