@@ -50,7 +50,7 @@ def _open(record: ItemRecord, media_dir: Path) -> int:
     try:
         return open_inside(path, root)
     except FileRefused as exc:
-        raise NotFound(f"the image file of item {record.id} {exc.reason}") from exc
+        raise NotFound(f"the image file of item {record.id} {exc.reason}: not served") from exc
 
 
 def _changed(record: ItemRecord) -> MediaChanged:

@@ -51,9 +51,9 @@ def open_inside(path: Path, root: Path | None) -> int:
     except (OSError, RuntimeError) as exc:  # missing, a dangling link, a symlink loop
         raise FileRefused("is missing") from exc
     if root is None and real != absolute:
-        raise FileRefused("is not served: its path goes through a symlink")
+        raise FileRefused("goes through a symlink (and its indexed folder is unknown)")
     if not inside(real, anchor) or real == anchor:
-        raise FileRefused("is not served: it leads outside its indexed folder")
+        raise FileRefused("is outside its indexed folder (through a symlink)")
     parts = real.relative_to(anchor).parts
     fd = _walk(anchor, parts)
     info = os.fstat(fd)
@@ -77,7 +77,7 @@ def _walk(anchor: Path, parts: tuple[str, ...]) -> int:
         return os.open(parts[-1], _FILE_FLAGS, dir_fd=folder)
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # a component became a symlink since it was resolved
-            raise FileRefused("is not served: it was replaced by a symlink while it was opened") from exc
+            raise FileRefused("was replaced by a symlink while it was opened") from exc
         raise FileRefused("is missing") from exc
     finally:
         os.close(folder)
