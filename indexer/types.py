@@ -132,6 +132,9 @@ class FileState:
     size: int | None
     mtime: float | None
     has_taken: bool = True  # False: indexed before taken_at existed (the next run reads its date)
+    # When the row last recorded the file (epoch seconds): a file whose inode changed after that
+    # (st_ctime, which no user can set back) is read again even with its old size and mtime.
+    recorded_at: float | None = None
 
 
 class Catalog(Protocol):
