@@ -112,9 +112,21 @@ def exit_on_unusable_vector_store(settings: Settings) -> None:
         engine.check()
     except (VectorStoreIncompatible, VectorStoreUnavailable) as exc:
         typer.secho(f"error: {exc.message}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(1) from exc
+        raise typer.Exit(EXIT_ERROR) from exc
     finally:
         engine.close()
+
+
+def exit_on_bad_database(settings: Settings) -> None:
+    """Fail with one line, not a lifespan traceback, when the SQLite file is not a cnclip catalog
+    (empty, not SQLite, another application's schema: indexer/db.py)."""
+    from indexer.db import DatabaseRefused, check_database
+
+    try:
+        check_database(settings.sqlalchemy_url)
+    except DatabaseRefused as exc:
+        typer.secho(f"error: {exc.message}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(EXIT_ERROR) from exc
 
 
 def _is_loopback(host: str) -> bool:
@@ -160,6 +172,7 @@ def register(app: typer.Typer) -> None:
                 err=True,
             )
         exit_on_bad_model(settings)
+        exit_on_bad_database(settings)
         exit_on_unusable_vector_store(settings)
         listener = bind_listener(settings.host, settings.port)  # before the model loads
         configure_logging(project_log_level(ctx, log_level), SERVER_FORMAT)

@@ -1,7 +1,12 @@
-"""Thumbnails: made once per image on first request, cached under `data_dir/thumbs`.
+"""Thumbnails: made once per content on first request, cached under `data_dir/thumbs`.
 
-Keyed by the image's sha256 (content, not id), so a replaced or re-added image never shows a
-stale thumbnail. Written to a temporary file and renamed, so concurrent first requests are safe.
+Keyed by content (the item's recorded sha256, plus the thumbnail size) and only ever made from
+bytes that `indexer.media_check.read_media` verified to have that sha256: a file swapped while it
+is read can make the request fail, never put another image's thumbnail under the key, so a
+poisoned thumbnail cannot be cached. A cached one is served after the cheaper `check_media` (the
+file is still there, inside its folder, of the recorded size): its bytes are the indexed image's
+whatever the file holds now. Written to a temporary file and renamed, so concurrent first requests
+are safe; read back whole, so a deletion racing the response cannot cut it short.
 Decoded by the model's own `decode_image` (EXIF orientation, 16-bit scaled to 8 bits, first
 frame) and converted to RGB as the preprocessing does, so a thumbnail shows the colours the model
 saw: a 16-bit PNG is not white, a CMYK JPEG not inverted, a palette image keeps its colours.
@@ -9,22 +14,27 @@ saw: a 16-bit PNG is not white, a CMYK JPEG not inverted, a palette image keeps 
 
 from __future__ import annotations
 
+import io
+import logging
 import os
 import tempfile
 from pathlib import Path
 
 from PIL import Image
 
+from indexer.media_check import check_media, read_media
 from indexer.types import ItemRecord
-from retrieval.errors import InvalidImage, NotFound
+from retrieval.errors import InvalidImage
 from retrieval.preprocess import DEFAULT_MAX_PIXELS, decode_image
+
+log = logging.getLogger(__name__)
 
 THUMBNAIL_SIZE = 320  # longest side, px; sharp in a ~160-px grid cell on a 2x screen
 
 
-def thumbnail_path(thumbs_dir: Path, item: ItemRecord) -> Path:
-    key = item.sha256 or f"id-{item.id}"
-    return thumbs_dir / key[:2] / f"{key}.jpg"
+def thumbnail_path(thumbs_dir: Path, sha256: str) -> Path:
+    """Where the thumbnail of the content with this sha256 is cached."""
+    return thumbs_dir / sha256[:2] / f"{sha256}-{THUMBNAIL_SIZE}.jpg"
 
 
 def make_thumbnail(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.Image:
@@ -38,21 +48,35 @@ def make_thumbnail(data: bytes, max_pixels: int = DEFAULT_MAX_PIXELS) -> Image.I
     return thumb
 
 
-def ensure_thumbnail(source: Path, target: Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> Path:
-    """The cached thumbnail of `source`, making it if needed. Blocking: call from a worker thread.
-    `max_pixels` is the server's limit, which the image passed when it was indexed."""
-    if target.exists():
-        return target
-    if not source.is_file():
-        raise NotFound("the item's image file is missing")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    thumb = make_thumbnail(source.read_bytes(), max_pixels)
-    fd, tmp = tempfile.mkstemp(prefix=".thumb.", suffix=".jpg", dir=target.parent)
+def save_thumbnail(data: bytes, target: Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> bytes:
+    """The JPEG thumbnail of `data` (verified bytes), also cached at `target`. The cache is only a
+    shortcut: when it cannot be written (the folder removed meanwhile, a full disk) the thumbnail is
+    still returned, and made again next time."""
+    buffer = io.BytesIO()
+    make_thumbnail(data, max_pixels).save(buffer, "JPEG", quality=82, optimize=True)
+    jpeg = buffer.getvalue()
+    tmp: str | None = None
     try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".thumb.", suffix=".jpg", dir=target.parent)
         with os.fdopen(fd, "wb") as f:
-            thumb.save(f, "JPEG", quality=82, optimize=True)
+            f.write(jpeg)
         os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+    except OSError as exc:
+        log.warning("thumbnail not cached at %s: %s", target, exc)
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+    return jpeg
+
+
+def item_thumbnail(item: ItemRecord, media_dir: Path, thumbs_dir: Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> bytes:
+    """The JPEG thumbnail of `item`'s indexed image (see the module docstring); `NotFound` /
+    `MediaChanged` like the image itself. Blocking: call from a worker thread. `max_pixels` is the
+    server's limit, which the image passed when it was indexed."""
+    check_media(item, media_dir)  # a text, a missing file or one out of its folder: refused first
+    target = thumbnail_path(thumbs_dir, item.sha256 or "")
+    try:
+        return target.read_bytes()
+    except FileNotFoundError:
+        pass
+    return save_thumbnail(read_media(item, media_dir), target, max_pixels)

@@ -25,7 +25,7 @@ from sqlalchemy import Engine
 
 from indexer.index_spec import parse_index
 from indexer.media import media_root
-from indexer.media_check import verified_media_path
+from indexer.media_check import read_media
 from indexer.media_sweep import SweepResult, sweep_media
 from indexer.names import check_collection_name, collection_key
 from indexer.rows import ItemRows
@@ -297,10 +297,11 @@ class SqlCatalog:
         self.get(item_id)
         return self.rows.vectors([item_id])[0]
 
-    def media_path(self, item_id: int) -> Path:
-        """The item's image file, if it may still be served (`indexer.media_check`: still the indexed
-        bytes, no symlink out of the indexed folder); the copy under `data_dir/media` for uploads."""
-        return verified_media_path(self.get(item_id), self.media_dir)
+    def media_bytes(self, item_id: int) -> bytes:
+        """The item's image bytes, if they are still the indexed ones (`indexer.media_check`: read once
+        from a descriptor reached without leaving the indexed folder, sha256 checked); uploads are
+        read from their copy under `data_dir/media`."""
+        return read_media(self.get(item_id), self.media_dir)
 
     def file_states(self, collection: str) -> dict[str, FileState]:
         """Path -> state of every bulk-indexed file of the collection (for incremental runs)."""

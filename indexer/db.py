@@ -4,12 +4,20 @@ Every engine made here turns a lost or refused connection (the driver's Operatio
 InterfaceError, on connect or mid-query; SQLite's "database is locked" past its busy timeout) into
 `DatabaseUnavailable` (the API answers 503 with Retry-After), and a full disk on the database's side
 into `StorageFull`, in one `handle_error` hook, so no caller catches SQLAlchemy's own errors.
+
+A SQLite file is checked before it is used (`check_sqlite_file`, under the migration lock, so a file
+another process is creating right now is never judged half-made): SQLite itself takes a zero-length
+file, or any missing one, for a new empty database, so a truncated or misnamed catalog would silently
+start over empty. Only a missing file becomes a new catalog; a zero-length file, a file that is not
+SQLite, one holding another application's tables, or a schema revision this version does not know is
+refused with one line (`DatabaseRefused`).
 """
 
 from __future__ import annotations
 
 import fcntl
 import logging
+import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -65,6 +73,16 @@ def _domain_error(context: ExceptionContext) -> None:
         ) from context.sqlalchemy_exception
 
 
+class DatabaseRefused(DatabaseUnavailable):
+    """The file at the database URL is not a cnclip catalog (empty, not SQLite, another schema)."""
+
+    code = "database_refused"
+
+
+SQLITE_HEADER = b"SQLite format 3\x00"
+_FIX = "point CNCLIP_DATABASE_URL at the catalog, or at a path that does not exist yet to start a new one"
+
+
 def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor = dbapi_connection.cursor()
     # WAL: readers never block the writer and a killed writer loses only its open transaction.
@@ -107,37 +125,107 @@ def downgrade(engine: Engine, revision: str) -> str | None:
     return _migrate(engine, command.downgrade, revision)
 
 
-@contextmanager
-def _one_migrator(engine: Engine, connection: Connection) -> Iterator[None]:
-    """One process at a time migrates a database (two `cnclip index` started together on a new
-    one would both create the tables): an advisory lock on PostgreSQL, a file lock beside a
-    SQLite file."""
-    if engine.dialect.name == "postgresql":
-        connection.exec_driver_sql(f"SELECT pg_advisory_lock({MIGRATION_LOCK_KEY})")
-        connection.commit()
-        try:
-            yield
-        finally:
-            connection.exec_driver_sql(f"SELECT pg_advisory_unlock({MIGRATION_LOCK_KEY})")
-            connection.commit()
-        return
+def sqlite_file(engine: Engine) -> Path | None:
+    """The file of a SQLite engine; None for other databases and in-memory SQLite."""
     database = engine.url.database
-    if engine.dialect.name != "sqlite" or not database or database == ":memory:":
+    if engine.dialect.name != "sqlite" or not database or database == ":memory:" or database.startswith("file:"):
+        return None
+    return Path(database)
+
+
+def _known_revisions() -> set[str]:
+    return {script.revision for script in ScriptDirectory.from_config(alembic_config("sqlite://")).walk_revisions()}
+
+
+def check_sqlite_file(path: Path) -> None:
+    """`DatabaseRefused` unless `path` is missing (a new catalog) or a cnclip catalog (see the
+    module docstring). Reads the file only; call with the migration lock held."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(SQLITE_HEADER))
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise DatabaseRefused(f"cannot read the database file {path}: {exc.strerror or exc}") from exc
+    if not head:
+        raise DatabaseRefused(f"the database file {path} is empty (0 bytes), not a cnclip catalog: {_FIX}")
+    if head != SQLITE_HEADER:
+        raise DatabaseRefused(f"the database file {path} is not a SQLite database: {_FIX}")
+    try:
+        connection = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            tables = {row[0] for row in connection.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+            versions = (
+                {row[0] for row in connection.execute("SELECT version_num FROM alembic_version")}
+                if "alembic_version" in tables
+                else set()
+            )
+        finally:
+            connection.close()
+    except sqlite3.Error as exc:
+        raise DatabaseRefused(f"the database file {path} cannot be read as SQLite ({exc}): {_FIX}") from exc
+    foreign = sorted(tables - {"alembic_version"} - {name for name in tables if name.startswith("sqlite_")})
+    if foreign and "alembic_version" not in tables:
+        shown = ", ".join(foreign[:5])
+        raise DatabaseRefused(f"the database file {path} holds another application's tables ({shown}): {_FIX}")
+    unknown = versions - _known_revisions()
+    if unknown:
+        raise DatabaseRefused(
+            f"the database file {path} has schema revision {sorted(unknown)[0]!r}, which this version of cnclip "
+            f"does not know (a newer cnclip, or another application's Alembic): {_FIX}"
+        )
+
+
+@contextmanager
+def _sqlite_checked(engine: Engine) -> Iterator[None]:
+    """For a SQLite file: hold the lock beside it (one process at a time migrates: two `cnclip index`
+    started together on a new database would both create the tables) and check the file first."""
+    path = sqlite_file(engine)
+    if path is None:
         yield
         return
-    with open(f"{database}.migrate.lock", "a+b") as handle:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(f"{path}.migrate.lock", "a+b") as handle:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
         try:
+            check_sqlite_file(path)
             yield
         finally:
             fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
+@contextmanager
+def _one_migrator(engine: Engine, connection: Connection) -> Iterator[None]:
+    """One process at a time migrates a PostgreSQL database: an advisory lock (SQLite files take
+    `_sqlite_checked`'s file lock before connecting)."""
+    if engine.dialect.name != "postgresql":
+        yield
+        return
+    connection.exec_driver_sql(f"SELECT pg_advisory_lock({MIGRATION_LOCK_KEY})")
+    connection.commit()
+    try:
+        yield
+    finally:
+        connection.exec_driver_sql(f"SELECT pg_advisory_unlock({MIGRATION_LOCK_KEY})")
+        connection.commit()
+
+
+def check_database(url: str) -> None:
+    """`DatabaseRefused` when `url` names a SQLite file that is not a cnclip catalog (for commands
+    that want one clear line before they start, like `cnclip serve`)."""
+    engine = create_db_engine(url)
+    try:
+        with _sqlite_checked(engine):
+            pass
+    finally:
+        engine.dispose()
 
 
 def _migrate(engine: Engine, step: Any, revision: str) -> str | None:
     config = alembic_config(engine.url.render_as_string(hide_password=False))
     sqlite = engine.dialect.name == "sqlite"
     try:
-        with engine.connect() as connection, _one_migrator(engine, connection):
+        with _sqlite_checked(engine), engine.connect() as connection, _one_migrator(engine, connection):
             if sqlite:
                 # SQLite changes a table by copying it; with foreign keys on, dropping the old copy would
                 # cascade to every row that points at it. Off outside the transaction, checked after.

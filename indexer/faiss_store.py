@@ -4,7 +4,9 @@
 Every process holds its own copy in memory and catches it up from SQL (indexer/sync.py), so the
 file is only a head start for the next open: processes sharing a data dir save it under an
 exclusive `flock` and load it under a shared one, and each save is atomic (temp file, fsync,
-rename), so a reader sees a whole file, never a torn one. Filters become an id allow-list from SQL.
+rename), so a reader sees a whole file, never a torn one. A file is adopted only when its header
+names this collection's `vector_key` (indexer/vector_index.py); any other is rebuilt from SQL.
+Filters become an id allow-list from SQL.
 """
 
 from __future__ import annotations
@@ -172,9 +174,9 @@ class FaissEngine:
         problem = None
         try:
             with _file_lock(path, exclusive=False):
-                index = VectorIndex.load(path, spec.dim, spec.factory, spec.model, self.tuning)
+                index = VectorIndex.load(path, spec.dim, spec.factory, spec.model, self.tuning, spec.vector_key)
         except IndexFileError as exc:
-            index, problem = VectorIndex(spec.dim, spec.factory, spec.model, self.tuning), str(exc)
+            index, problem = VectorIndex(spec.dim, spec.factory, spec.model, self.tuning, spec.vector_key), str(exc)
         return FaissStore(spec, index, path, fetch, filter_ids, self.save_interval_s, problem)
 
     def drop(self, spec: StoreSpec) -> None:

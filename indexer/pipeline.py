@@ -3,8 +3,8 @@
 reader threads (read bytes, sha256, probe the header) → batches of `batch_size` embedded by the
 encoder, `inflight` batches at once → one writer committing each batch to the catalog (SQL rows +
 vectors in one transaction, then FAISS). Incremental: a file whose size and mtime are unchanged
-is not read; one whose bytes the collection has already is not embedded (a rename only moves its
-path). Bad files are recorded and skipped. A stop request finishes the batches in flight, so a
+(and whose st_ctime is older than its row) is not read; one whose bytes the collection has already
+is not embedded (a rename only moves its path). Bad files are recorded and skipped. A stop request finishes the batches in flight, so a
 re-run resumes without re-embedding anything that was committed.
 """
 
@@ -66,6 +66,14 @@ class IndexSummary:
     @property
     def done(self) -> int:
         return self.added + self.changed + self.renamed + self.skipped + len(self.failures) + self.would_index
+
+
+def _unchanged(state: FileState, stat: os.stat_result) -> bool:
+    """Whether a file may be skipped without reading it: the size and mtime it was recorded with,
+    and no change to its inode since (a same-size rewrite with the old mtime put back still moves
+    st_ctime, which `utime` cannot set; a false alarm costs one read, the hash then decides)."""
+    recorded = state.recorded_at is None or stat.st_ctime <= state.recorded_at
+    return state.size == stat.st_size and state.mtime == stat.st_mtime and recorded
 
 
 ProgressCallback = Callable[[IndexSummary], None]
@@ -161,7 +169,7 @@ class ImageIndexer:
             except OSError as exc:
                 summary.failures.append((str(entry.path), f"cannot read: {exc.strerror or exc}"))
                 continue
-            if state is not None and state.size == stat.st_size and state.mtime == stat.st_mtime:
+            if state is not None and _unchanged(state, stat):
                 summary.unchanged += 1
                 if not state.has_taken:
                     self.undated.append(entry)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from indexer.safe_open import FileRefused, open_inside
 from indexer.sources import SourceEntry, looks_like_image
 from indexer.taken import Taken, taken_of
 from indexer.types import FileState
@@ -30,6 +32,14 @@ class PreparedFile:
     decode_error: str | None = None  # (the dry run) why the encoder would refuse the pixels
 
 
+def _read_inside(entry: SourceEntry) -> tuple[bytes, float]:
+    """The file's bytes and mtime, read from one descriptor opened without leaving the walked folder
+    (indexer/safe_open.py): a file swapped for a link out of the folder after the walk is not read.
+    Raises `FileRefused` or `OSError`."""
+    with os.fdopen(open_inside(entry.path, entry.root), "rb") as f:
+        return f.read(), os.fstat(f.fileno()).st_mtime
+
+
 def read_file(
     entry: SourceEntry, state: FileState | None, decode: Callable[[bytes], object] | None = None
 ) -> PreparedFile | tuple[str, str] | None:
@@ -38,8 +48,9 @@ def read_file(
     `decode` (the dry run): also decode the pixels the way the encoder will and keep why that fails
     (a truncated JPEG: its header is fine, its data is not), for the files the run would embed."""
     try:
-        stat = entry.path.stat()
-        data = entry.path.read_bytes()
+        data, mtime = _read_inside(entry)
+    except FileRefused as exc:
+        return str(entry.path), f"not read: {exc.message}"
     except OSError as exc:
         return str(entry.path), f"cannot read: {exc.strerror or exc}"
     try:
@@ -50,19 +61,19 @@ def read_file(
         return None
     sha = hashlib.sha256(data).hexdigest()
     replaces = state.id if state is not None and state.sha256 != sha else None
-    taken = taken_of(data, stat.st_mtime)
+    taken = taken_of(data, mtime)
     decode_error = None
     if decode is not None:
         try:
             decode(data)
         except InvalidImage as exc:
             decode_error = exc.message
-    return PreparedFile(entry, data, sha, mime, width, height, len(data), stat.st_mtime, replaces, taken, decode_error)
+    return PreparedFile(entry, data, sha, mime, width, height, len(data), mtime, replaces, taken, decode_error)
 
 
 def read_taken(entry: SourceEntry) -> Taken | None:
     """The date of a file already indexed (the backfill); None when it cannot be read now."""
     try:
-        return taken_of(entry.path.read_bytes(), entry.path.stat().st_mtime)
-    except OSError:
+        return taken_of(*_read_inside(entry))
+    except (FileRefused, OSError):
         return None

@@ -12,7 +12,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 from contextlib import ExitStack
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
@@ -32,6 +32,11 @@ from retrieval.errors import Conflict, NotFound
 _EMPTY_ITEM: dict[str, Any] = dict.fromkeys(
     ("path", "root", "size", "mime", "width", "height", "caption", "mtime", "taken_at", "taken_source")
 )
+
+
+def _epoch(naive_utc: datetime | None) -> float | None:
+    """A stored timestamp (naive UTC, indexer/models.py) as epoch seconds, comparable with st_ctime."""
+    return None if naive_utc is None else naive_utc.replace(tzinfo=UTC).timestamp()
 
 
 def _state(row: CollectionRow) -> CollectionState:
@@ -348,10 +353,19 @@ class ItemRows:
     def file_states(self, collection_id: int) -> dict[str, FileState]:
         """Path -> state of every bulk-indexed file of the collection (for incremental runs)."""
         query = select(
-            ItemRow.path, ItemRow.id, ItemRow.sha256, ItemRow.size, ItemRow.mtime, ItemRow.taken_at.is_not(None)
+            ItemRow.path,
+            ItemRow.id,
+            ItemRow.sha256,
+            ItemRow.size,
+            ItemRow.mtime,
+            ItemRow.taken_at.is_not(None),
+            ItemRow.updated_at,
         ).where(ItemRow.collection_id == collection_id, ItemRow.path.is_not(None))
         with Session(self.engine) as session:
-            return {str(row[0]): FileState(*row[1:5], has_taken=bool(row[5])) for row in session.execute(query)}
+            return {
+                str(row[0]): FileState(*row[1:5], has_taken=bool(row[5]), recorded_at=_epoch(row[6]))
+                for row in session.execute(query)
+            }
 
     def content_index(self, collection_id: int) -> dict[str, tuple[int, str | None]]:
         """sha256 -> (item id, path) of every item of the collection (dedupe and rename detection)."""

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from indexer.file_names import check_file_name
+from indexer.safe_open import inside
 from retrieval.errors import InvalidInput
 
 MANIFEST_SUFFIXES = {".jsonl", ".csv"}
@@ -30,7 +31,7 @@ class SourceEntry:
     # The folder the file is indexed from: the walked folder, or a manifest's folder for the files
     # inside it (None for a manifest's file elsewhere). The API shows paths relative to it; the
     # media check serves only files that stay inside it (indexer/media_check.py).
-    root: Path | None = None
+    root: Path | None = None  # (resolved) the file is read without leaving it (indexer/safe_open.py)
 
 
 def looks_like_image(path: Path, head: bytes) -> bool:
@@ -44,7 +45,7 @@ def load_entries(source: Path) -> tuple[list[SourceEntry], list[tuple[str, str]]
     """The files to index and the manifest lines that could not be used, as (where, why)."""
     source = source.expanduser()
     if source.is_dir():
-        return walk_folder(source), []
+        return walk_folder(source)
     if source.is_file() and source.suffix.lower() in MANIFEST_SUFFIXES:
         return read_manifest(source)
     if source.is_file():
@@ -52,17 +53,25 @@ def load_entries(source: Path) -> tuple[list[SourceEntry], list[tuple[str, str]]
     raise InvalidInput(f"{source} does not exist")
 
 
-def walk_folder(root: Path) -> list[SourceEntry]:
-    """Every regular file under `root`, sorted; hidden folders and files are skipped, symlinked folders not followed."""
+def walk_folder(root: Path) -> tuple[list[SourceEntry], list[tuple[str, str]]]:
+    """Every regular file under `root`, sorted, and the files refused as (path, why). Hidden folders
+    and files are skipped, symlinked folders not followed; a symlinked file is indexed when its
+    target stays inside `root` (it is served from there), and refused when it leads out: the server
+    would never serve it, and reading it would put an outside file's content into the catalog."""
     entries: list[SourceEntry] = []
+    refused: list[tuple[str, str]] = []
     top = root.resolve()
     for folder, subfolders, files in os.walk(top):
         subfolders[:] = sorted(name for name in subfolders if not name.startswith("."))
         for name in sorted(files):
             path = Path(folder) / name
-            if not name.startswith(".") and path.is_file():
-                entries.append(SourceEntry(path, root=top))
-    return entries
+            if name.startswith(".") or not path.is_file():
+                continue
+            if path.is_symlink() and not inside(path.resolve(), top):
+                refused.append((str(path), "a symlink that leads outside the indexed folder: not followed"))
+                continue
+            entries.append(SourceEntry(path, root=top))
+    return entries, refused
 
 
 def _tags(value: Any) -> tuple[str, ...]:

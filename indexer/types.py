@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from pathlib import Path
 from typing import Any, Literal, Protocol
 
 import numpy as np
@@ -133,6 +132,9 @@ class FileState:
     size: int | None
     mtime: float | None
     has_taken: bool = True  # False: indexed before taken_at existed (the next run reads its date)
+    # When the row last recorded the file (epoch seconds): a file whose inode changed after that
+    # (st_ctime, which no user can set back) is read again even with its old size and mtime.
+    recorded_at: float | None = None
 
 
 class Catalog(Protocol):
@@ -176,8 +178,8 @@ class Catalog(Protocol):
     def vector(self, item_id: int) -> np.ndarray:
         """The stored vector of an item (for "similar images" by id)."""
 
-    def media_path(self, item_id: int) -> Path:
-        """Where the item's image bytes are on disk (a copy under the data dir for uploads)."""
+    def media_bytes(self, item_id: int) -> bytes:
+        """The item's image bytes, exactly as indexed (`indexer.media_check`); `NotFound` / `MediaChanged`."""
 
     def search(
         self, collection: str, vector: np.ndarray, k: int, filters: SearchFilters | None = None

@@ -5,7 +5,10 @@ approximate indexes fetch k·r candidates and re-rank them exactly with the stor
 configured description is parsed (indexer/index_spec.py); FAISS's factory only ever sees the
 string re-rendered from the parsed record, never the stored text itself.
 Files are written whole and atomically (temp file, fsync, rename) with a checksum, so a reader
-sees the old index or the new one, and a damaged file is detected and rebuilt from SQL.
+sees the old index or the new one, and a damaged file is detected and rebuilt from SQL. The header
+names the collection the file belongs to (`owner`: its never-reused `vector_key`, a random uuid): a
+valid file of another collection or another catalog (same dim, factory and model, even the same ids)
+copied into place is rebuilt from SQL, never adopted with another catalog's vectors.
 """
 
 from __future__ import annotations
@@ -113,8 +116,11 @@ def id_checksum(ids: np.ndarray) -> int:
 class VectorIndex:
     """A FAISS IndexIDMap2 plus what is needed to search it well and save it safely."""
 
-    def __init__(self, dim: int, factory: str = "Flat", model: str = "", tuning: SearchTuning | None = None) -> None:
+    def __init__(
+        self, dim: int, factory: str = "Flat", model: str = "", tuning: SearchTuning | None = None, owner: str = ""
+    ) -> None:
         self.dim = dim
+        self.owner = owner  # the collection's vector_key, written in the file's header
         self.factory = factory  # configured target, as stored (the file's metadata must match it)
         self.parsed = stored_spec(factory, dim)
         self.spec = self.parsed or FLAT  # what training builds
@@ -175,7 +181,7 @@ class VectorIndex:
 
     def build(self, ids: np.ndarray, fetch: FetchVectors, chunk: int = 20_000) -> VectorIndex:
         """A new index of this one's kind holding `ids` (vectors from `fetch`), trained if large enough."""
-        fresh = VectorIndex(self.dim, self.factory, self.model, self.tuning)
+        fresh = VectorIndex(self.dim, self.factory, self.model, self.tuning, self.owner)
         if fresh.wants_training(len(ids)):
             # Only the re-rendered description of a parsed spec reaches FAISS (indexer/index_spec.py).
             inner = faiss.index_factory(self.dim, self.spec.description, faiss.METRIC_INNER_PRODUCT)
@@ -253,6 +259,7 @@ class VectorIndex:
                 "factory": self.factory,
                 "active": self.active,
                 "model": self.model,
+                "owner": self.owner,
                 "tombstones": sorted(self.tombstones),
             }
             body = memoryview(faiss.serialize_index(self.index))  # type: ignore[arg-type]  # no 2 GB copy
@@ -281,8 +288,18 @@ class VectorIndex:
             os.close(dir_fd)
 
     @classmethod
-    def load(cls, path: Path, dim: int, factory: str, model: str, tuning: SearchTuning | None = None) -> VectorIndex:
-        """The index saved at `path`; IndexFileError says why it cannot be used."""
+    def load(
+        cls,
+        path: Path,
+        dim: int,
+        factory: str,
+        model: str,
+        tuning: SearchTuning | None = None,
+        owner: str | None = None,
+    ) -> VectorIndex:
+        """The index saved at `path`; IndexFileError says why it cannot be used. With `owner` (what
+        a store opens), a file whose header names another owner, or none (saved before owners were
+        written), is refused too: its ids may be another catalog's."""
         try:
             raw = path.read_bytes()
         except FileNotFoundError as exc:
@@ -301,7 +318,9 @@ class VectorIndex:
         meta = json.loads(header)
         if (meta["dim"], meta["factory"], meta["model"]) != (dim, factory, model):
             raise IndexFileError("made for another dim, factory or model")
-        loaded = cls(dim, factory, model, tuning)
+        if owner is not None and meta.get("owner") != owner:
+            raise IndexFileError(f"made for another collection or catalog (owner {meta.get('owner')!r}, not {owner!r})")
+        loaded = cls(dim, factory, model, tuning, meta.get("owner") or "")
         if meta["active"] != "Flat" and loaded.parsed is None:
             # Trained by an older version from a description this one does not parse: rebuild as Flat.
             raise IndexFileError(f"trained as {factory!r}, an index this version does not build")

@@ -59,7 +59,7 @@ def test_add_get_dedupe_and_delete(catalog: SqlCatalog) -> None:
     assert [r.id for r in catalog.get_many([ids[2], 10**9, ids[0]])] == [ids[2], ids[0]]
 
     # Uploads are copied under data_dir/media by content; the stored vector is the one given.
-    assert catalog.media_path(ids[1]).read_bytes() == jpeg(1)
+    assert catalog.media_bytes(ids[1]) == jpeg(1)
     np.testing.assert_allclose(catalog.vector(ids[1]), FakeEncoder(DIM).embed_images_sync([jpeg(1)])[0], atol=1e-6)
 
     assert catalog.delete([ids[1], 10**9]) == 1
@@ -113,7 +113,7 @@ def test_texts_collection(catalog: SqlCatalog) -> None:
     hits = catalog.search("captions", vectors[1], k=2)
     assert hits[0].id == results[1].id and hits[0].score == pytest.approx(1.0, abs=1e-5)
     with pytest.raises(NotFound):
-        catalog.media_path(results[0].id)
+        catalog.media_bytes(results[0].id)
 
 
 def test_collections_and_errors(catalog: SqlCatalog) -> None:

@@ -4,6 +4,7 @@ bytes are 410, a `touch` that keeps the bytes still serves; thumbnails follow th
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +15,8 @@ from fastapi.testclient import TestClient
 
 from api.config import Settings
 from indexer.catalog import SqlCatalog
-from indexer.media_check import MediaChanged, verified_media_path
+from indexer.media_check import MediaChanged, read_media
+from indexer.safe_open import FileRefused, _walk
 from indexer.types import ItemRecord, NewImage
 from retrieval.errors import NotFound
 from tests.api_helpers import api_client, image_bytes, open_test_catalog
@@ -102,23 +104,69 @@ def test_symlinks_inside_the_indexed_root_are_followed_only_when_the_root_is_kno
     link = root / "link.png"
     link.symlink_to(target)
     info = target.stat()
-    record = ItemRecord(id=1, collection="c", kind="images", path=str(link), size=info.st_size, mtime=info.st_mtime)
+    sha = hashlib.sha256(b"png bytes").hexdigest()
+    fields = {"size": info.st_size, "mtime": info.st_mtime, "sha256": sha}
+    record = ItemRecord(id=1, collection="c", kind="images", path=str(link), **fields)  # type: ignore[arg-type]
     with pytest.raises(NotFound, match="symlink"):
-        verified_media_path(record, tmp_path / "media")  # root unknown: no symlink at all
+        read_media(record, tmp_path / "media")  # root unknown: no symlink at all
 
-    def rooted_record(**fields: object) -> ItemRecord:
+    def rooted_record(path: Path) -> ItemRecord:
         """A record with `root`, as the catalog hands out once it records the indexed folder."""
-        return ItemRecord(id=1, collection="c", kind="images", root=str(root), **fields)  # type: ignore[arg-type]
+        return ItemRecord(id=1, collection="c", kind="images", root=str(root), path=str(path), **fields)  # type: ignore[arg-type]
 
-    rooted = rooted_record(path=str(link), size=info.st_size, mtime=info.st_mtime)
-    assert verified_media_path(rooted, tmp_path / "media") == target.resolve()
+    assert read_media(rooted_record(link), tmp_path / "media") == b"png bytes"
     link.unlink()
     link.symlink_to(SECRET)
     with pytest.raises(NotFound, match="outside"):
-        verified_media_path(rooted, tmp_path / "media")
+        read_media(rooted_record(link), tmp_path / "media")
+    target.write_bytes(b"png bytez")  # same size, mtime put back: only the hash tells
+    os.utime(target, (info.st_atime, info.st_mtime))
     with pytest.raises(MediaChanged):
-        target.write_bytes(b"other bytes")
-        verified_media_path(
-            rooted_record(path=str(target), size=9, mtime=info.st_mtime, sha256="0" * 64),
-            tmp_path / "media",
-        )
+        read_media(rooted_record(target), tmp_path / "media")
+
+
+def test_the_open_walk_follows_no_symlink_even_inside_the_root(tmp_path: Path) -> None:
+    """What makes the check race-free: once a path is resolved, it is opened component by component
+    without following any link, so a folder swapped for a symlink after the check is refused."""
+    root = tmp_path / "root"
+    (root / "real").mkdir(parents=True)
+    (root / "real" / "x.png").write_bytes(b"x")
+    (root / "swapped").symlink_to(root / "real", target_is_directory=True)
+    (root / "x.png").symlink_to(root / "real" / "x.png")
+    with pytest.raises(FileRefused, match="replaced by a symlink"):
+        os.close(_walk(root.resolve(), ("swapped", "x.png")))
+    with pytest.raises(FileRefused, match="replaced by a symlink"):
+        os.close(_walk(root.resolve(), ("x.png",)))
+    fd = _walk(root.resolve(), ("real", "x.png"))
+    assert os.read(fd, 10) == b"x"
+    os.close(fd)
+
+
+def test_a_fifo_in_place_of_a_photo_does_not_hang_the_server(indexed) -> None:  # type: ignore[no-untyped-def]
+    client, _, ids, gallery = indexed
+    photo = gallery / "a.png"
+    photo.unlink()
+    os.mkfifo(photo)
+    r = client.get(f"/v1/items/{ids['a']}/image")
+    assert r.status_code == 404 and "regular" in r.json()["error"]["message"]
+
+
+def test_the_image_keeps_byte_ranges_and_validators(indexed) -> None:  # type: ignore[no-untyped-def]
+    """Served from the verified bytes in memory, the image still answers what FileResponse did."""
+    client, catalog, ids, gallery = indexed
+    data = (gallery / "a.png").read_bytes()
+    url = f"/v1/items/{ids['a']}/image"
+    etag = f'"{catalog.get(ids["a"]).sha256}"'
+    whole = client.get(url)
+    assert whole.content == data and whole.headers["etag"] == etag and whole.headers["accept-ranges"] == "bytes"
+    part = client.get(url, headers={"Range": "bytes=2-9"})
+    assert part.status_code == 206 and part.content == data[2:10]
+    assert part.headers["content-range"] == f"bytes 2-9/{len(data)}"
+    assert client.get(url, headers={"Range": "bytes=-5"}).content == data[-5:]
+    assert client.get(url, headers={"Range": "bytes=10-"}).content == data[10:]
+    past = client.get(url, headers={"Range": f"bytes={len(data)}-"})
+    assert past.status_code == 416 and past.headers["content-range"] == f"bytes */{len(data)}"
+    for ignored in ("bytes=0-1,4-5", "bytes=9-2", "lines=1-2"):
+        assert client.get(url, headers={"Range": ignored}).content == data, ignored
+    assert client.get(url, headers={"Range": "bytes=0-1", "If-Range": '"other"'}).status_code == 200
+    assert client.get(url, headers={"If-None-Match": etag}).status_code == 304

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from api.config import Settings
-from api.thumbnails import THUMBNAIL_SIZE, ensure_thumbnail
+from api.thumbnails import THUMBNAIL_SIZE, save_thumbnail
 from retrieval.manifest import CNCLIP_MEAN, CNCLIP_STD
 from retrieval.preprocess import preprocess_image
 from tests.api_helpers import api_client
@@ -120,9 +120,8 @@ def quadrant_means(rgb: np.ndarray) -> np.ndarray:
 @pytest.mark.parametrize("case", list(CASES))
 def test_thumbnail_colours_equal_the_preprocessed_image(case: str, tmp_path: Path) -> None:
     data = CASES[case]()
-    source = tmp_path / "source"
-    source.write_bytes(data)
-    target = ensure_thumbnail(source, tmp_path / "thumbs" / "t.jpg")
+    target = tmp_path / "thumbs" / "t.jpg"
+    assert save_thumbnail(data, target) == target.read_bytes()
     with Image.open(target) as thumb:
         assert thumb.format == "JPEG" and thumb.mode == "RGB"
         # Oriented as displayed: the EXIF transposes (5-8) turn the landscape source portrait.
@@ -137,10 +136,8 @@ def test_thumbnail_colours_equal_the_preprocessed_image(case: str, tmp_path: Pat
 
 
 def test_large_images_are_scaled_to_the_thumbnail_size(tmp_path: Path) -> None:
-    source = tmp_path / "big.jpg"
-    source.write_bytes(save(quadrant_image().resize((2000, 1200)), "JPEG", quality=90))
-    target = ensure_thumbnail(source, tmp_path / "t.jpg")
-    with Image.open(target) as thumb:
+    jpeg = save_thumbnail(save(quadrant_image().resize((2000, 1200)), "JPEG", quality=90), tmp_path / "t.jpg")
+    with Image.open(io.BytesIO(jpeg)) as thumb:
         assert thumb.size == (THUMBNAIL_SIZE, THUMBNAIL_SIZE * 1200 // 2000)
         got = quadrant_means(np.asarray(thumb.resize((224, 224)), dtype=np.float32))
     assert np.abs(got - np.asarray(QUADRANTS, dtype=np.float32)).max() < 10

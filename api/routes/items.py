@@ -1,7 +1,9 @@
 """Items by id: metadata, the image, its thumbnail, similar images, delete.
 
 Media are served only by item id: the file path comes from the catalog, never from the client, and
-`indexer.media_check.verified_media_path` decides whether the file there may still be served.
+`indexer.media_check.read_media` reads the bytes served: once, from a descriptor reached without
+leaving the indexed folder, checked against the recorded sha256. A file that changed is 410, one
+missing or out of its folder 404; never other bytes, never a response cut short.
 """
 
 from __future__ import annotations
@@ -10,14 +12,15 @@ from datetime import datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Query, Request
-from fastapi.responses import FileResponse
+from fastapi.responses import Response
 
 from api.deps import CatalogDep, CollectionsDep, MetricsDep, ReadAccess, WriteAccess, run_blocking
 from api.guarded_route import GuardedRoute
+from api.media_response import media_response
 from api.schemas import MAX_K, MAX_OFFSET, MIN_SCORE_DOC, OFFSET_DOC, SORT_DOC, Deleted, ItemId, ItemOut, SearchResponse
 from api.searching import StageTimer, item_out, page_out, to_search_filters
-from api.thumbnails import ensure_thumbnail, thumbnail_path
-from indexer.media_check import verified_media_path
+from api.thumbnails import item_thumbnail, thumbnail_path
+from indexer.media_check import read_media
 from indexer.paging import PageRequest, SortOrder
 
 router = APIRouter(prefix="/v1/items", tags=["items"], route_class=GuardedRoute)
@@ -30,23 +33,24 @@ async def get_item(item_id: ItemId, catalog: CatalogDep) -> ItemOut:
     return item_out(await run_blocking(catalog.get, item_id))
 
 
-@router.get("/{item_id}/image", response_class=FileResponse, dependencies=[ReadAccess])
-async def get_image(item_id: ItemId, catalog: CatalogDep, request: Request) -> FileResponse:
-    """The original image bytes, while they are still the bytes that were indexed (410 once changed)."""
+@router.get("/{item_id}/image", response_class=Response, dependencies=[ReadAccess])
+async def get_image(item_id: ItemId, catalog: CatalogDep, request: Request) -> Response:
+    """The original image bytes, while they are still the bytes that were indexed (410 once changed).
+    Single byte ranges are served (206); the ETag is the content's sha256."""
     item = await run_blocking(catalog.get, item_id)
-    path = await run_blocking(verified_media_path, item, request.app.state.media_dir)
-    return FileResponse(path, media_type=item.mime or "application/octet-stream", headers=_MEDIA_CACHE)
+    data = await run_blocking(read_media, item, request.app.state.media_dir)
+    media_type = item.mime or "application/octet-stream"
+    return media_response(request, data, item.sha256 or "", media_type, _MEDIA_CACHE)
 
 
-@router.get("/{item_id}/thumbnail", response_class=FileResponse, dependencies=[ReadAccess])
-async def get_thumbnail(item_id: ItemId, catalog: CatalogDep, request: Request) -> FileResponse:
-    """A JPEG at most 320 px on its longest side, made on first request and cached (of the indexed
-    bytes only: the source is checked like the image's)."""
+@router.get("/{item_id}/thumbnail", response_class=Response, dependencies=[ReadAccess])
+async def get_thumbnail(item_id: ItemId, catalog: CatalogDep, request: Request) -> Response:
+    """A JPEG at most 320 px on its longest side, made on first request from the verified indexed
+    bytes and cached by content (the source is checked like the image's)."""
     item = await run_blocking(catalog.get, item_id)
-    source = await run_blocking(verified_media_path, item, request.app.state.media_dir)
-    target = thumbnail_path(request.app.state.thumbs_dir, item)
-    path = await run_blocking(ensure_thumbnail, source, target, request.app.state.settings.max_image_pixels)
-    return FileResponse(path, media_type="image/jpeg", headers=_MEDIA_CACHE)
+    state = request.app.state
+    jpeg = await run_blocking(item_thumbnail, item, state.media_dir, state.thumbs_dir, state.settings.max_image_pixels)
+    return Response(jpeg, media_type="image/jpeg", headers=_MEDIA_CACHE)
 
 
 @router.get("/{item_id}/similar", response_model=SearchResponse, dependencies=[ReadAccess])
@@ -77,6 +81,6 @@ async def delete_item(item_id: ItemId, catalog: CatalogDep, collections: Collect
     bytes again (unless run with `--restore-deleted`)."""
     item = await run_blocking(catalog.get, item_id)
     deleted = await run_blocking(collections.delete_items, [item_id])
-    if item.kind == "images":
-        await run_blocking(thumbnail_path(request.app.state.thumbs_dir, item).unlink, missing_ok=True)
+    if item.kind == "images" and item.sha256:
+        await run_blocking(thumbnail_path(request.app.state.thumbs_dir, item.sha256).unlink, missing_ok=True)
     return Deleted(deleted=deleted)
