@@ -4,10 +4,15 @@ layer writes (upload copies, FAISS files, the database) instead of a bare OSErro
 from __future__ import annotations
 
 import errno
+import os
+import threading
+from collections.abc import Sequence
+from pathlib import Path
 
 from retrieval.errors import CnclipError
 
 _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
+TEMP_MARK = ".tmp-"  # in every temp file's name: what the start-up media sweep recognises
 
 
 class StorageFull(CnclipError):
@@ -19,3 +24,24 @@ class StorageFull(CnclipError):
 def is_storage_full(exc: OSError) -> bool:
     """ENOSPC or EDQUOT: the write failed for want of space, not for a bug."""
     return exc.errno in _FULL_ERRNOS
+
+
+def write_atomically(path: Path, parts: Sequence[bytes | memoryview], what: str) -> None:
+    """Write `parts` to `path` through a temp file beside it (fsync, rename), so a reader sees the old
+    file or the whole new one; a full disk is `StorageFull` naming `what`, and no temp file is left."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}{TEMP_MARK}{os.getpid()}-{threading.get_ident()}")
+    try:
+        with open(tmp, "wb") as f:
+            for part in parts:
+                f.write(part)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as exc:
+        if is_storage_full(exc):
+            size = sum(len(part) for part in parts)
+            raise StorageFull(f"no space left to {what} {path.name} ({size} bytes): {exc.strerror}") from exc
+        raise
+    finally:
+        tmp.unlink(missing_ok=True)  # gone already after the rename; a failed write's leftover otherwise

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import fcntl
 import os
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from indexer.disk_full import StorageFull, is_storage_full
+from indexer.disk_full import StorageFull, is_storage_full, write_atomically
 
 EXTENSIONS = {
     "image/jpeg": ".jpg",
@@ -28,7 +27,6 @@ EXTENSIONS = {
     "image/bmp": ".bmp",
 }
 
-TEMP_MARK = ".tmp-"  # in every temp file's name: what the start-up sweep recognises
 LOCK_NAME = ".lock"  # media/.lock: shared by writers until commit, exclusive for the sweep
 
 
@@ -85,18 +83,5 @@ def store_media(media_dir: Path, sha256: str, mime: str | None, data: bytes) -> 
         return target
     except FileNotFoundError:
         pass
-    tmp = target.with_name(f"{target.name}{TEMP_MARK}{os.getpid()}-{threading.get_ident()}")
-    try:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except OSError as exc:
-        if is_storage_full(exc):
-            raise StorageFull(f"no space left to store {target.name} ({len(data)} bytes): {exc.strerror}") from exc
-        raise
-    finally:
-        tmp.unlink(missing_ok=True)  # gone already after the rename; a failed write's leftover otherwise
+    write_atomically(target, [data], "store")
     return target

@@ -18,7 +18,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from indexer.media import EXTENSIONS, TEMP_MARK, media_lock
+from indexer.disk_full import TEMP_MARK
+from indexer.media import EXTENSIONS, media_lock
 
 log = logging.getLogger(__name__)
 

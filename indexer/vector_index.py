@@ -28,7 +28,7 @@ from typing import Any
 import faiss
 import numpy as np
 
-from indexer.disk_full import StorageFull, is_storage_full
+from indexer.disk_full import write_atomically
 from indexer.index_spec import FLAT, IndexSpec, InvalidIndexDescription, parse_index
 
 log = logging.getLogger(__name__)
@@ -265,22 +265,8 @@ class VectorIndex:
             body = memoryview(faiss.serialize_index(self.index))  # type: ignore[arg-type]  # no 2 GB copy
         header = json.dumps(meta).encode()
         crc = zlib.crc32(body, zlib.crc32(header))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}-{threading.get_ident()}")
-        try:
-            with open(tmp, "wb") as f:
-                f.write(MAGIC + struct.pack("<IQ", len(header), len(body)) + header)
-                f.write(body)
-                f.write(struct.pack("<I", crc))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, path)
-        except OSError as exc:
-            if is_storage_full(exc):
-                raise StorageFull(f"no space left to save {path.name} ({len(body)} bytes): {exc.strerror}") from exc
-            raise
-        finally:
-            tmp.unlink(missing_ok=True)  # a failed save leaves no temp file to fill the disk further
+        prefix = MAGIC + struct.pack("<IQ", len(header), len(body)) + header
+        write_atomically(path, [prefix, body, struct.pack("<I", crc)], "save")
         dir_fd = os.open(path.parent, os.O_RDONLY)
         try:
             os.fsync(dir_fd)
