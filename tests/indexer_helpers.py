@@ -16,6 +16,7 @@ from sqlalchemy.exc import DBAPIError
 
 from api.config import Settings
 from indexer.catalog import SqlCatalog
+from indexer.db import DatabaseUnavailable
 from indexer.engines import open_catalog
 from indexer.service import CollectionService, ModelIdentity
 
@@ -95,11 +96,13 @@ def start_cli(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
 
 
 def committed_items(engine: Engine) -> int:
-    """Rows committed so far (0 while the schema does not exist yet)."""
+    """Rows committed so far (0 while the schema does not exist yet). An engine made by
+    `create_db_engine` reports the missing table, seen while the indexer's migration is still
+    creating it, as `DatabaseUnavailable`; a plain engine as the driver's error."""
     try:
         with engine.connect() as connection:
             return int(connection.exec_driver_sql("SELECT count(*) FROM items").scalar() or 0)
-    except DBAPIError:
+    except (DBAPIError, DatabaseUnavailable):
         return 0
 
 
