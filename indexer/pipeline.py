@@ -411,7 +411,9 @@ class ImageIndexer:
         replaces = [p.replaces for p in batch]
         results = self.service.add_images(self.collection, images, vectors, replace=replaces)
         summary.embedded += len(batch)
-        # Another indexer may have committed the same bytes meanwhile: then it is a duplicate here.
-        summary.duplicates += sum(1 for r in results if not r.created)
+        # Another indexer may have committed the same bytes meanwhile: then it is a duplicate here;
+        # a user may have deleted them meanwhile: then they stay deleted.
+        summary.deleted_before += sum(1 for r in results if r.deleted_by_user)
+        summary.duplicates += sum(1 for r in results if not r.created and not r.deleted_by_user)
         summary.changed += sum(1 for r, old in zip(results, replaces, strict=True) if r.created and old is not None)
         summary.added += sum(1 for r, old in zip(results, replaces, strict=True) if r.created and old is None)

@@ -20,7 +20,7 @@ from sqlalchemy import Engine, delete, exists, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from indexer.media import media_file, media_writes, store_media
+from indexer.media import media_file, media_lock, media_writes, store_media
 from indexer.models import CollectionRow, DeletedItemRow, ItemRow, ItemTagRow, VectorRow, utcnow
 from indexer.names import collection_key
 from indexer.sql_values import aware, chunks, naive_utc
@@ -144,10 +144,8 @@ class ItemRows:
                 )
             ).all()
             session.execute(delete(CollectionRow).where(CollectionRow.id == collection_id))
-            orphans = [(sha, mime) for sha, mime in uploads if not self._upload_in_use(session, sha)]
             session.commit()
-        for sha, mime in orphans:
-            media_file(self.media_dir, sha, mime).unlink(missing_ok=True)
+        self._remove_unused_copies(uploads)
 
     # --- writes ----------------------------------------------------------------------------------
     def add(
@@ -171,6 +169,11 @@ class ItemRows:
                     ItemRow.collection_id == collection.id, ItemRow.sha256.in_(part)
                 )
                 known.update(list(session.execute(query)))
+            # Read after the version bump, which a user's deletion takes too: a deletion that committed
+            # while this batch was being embedded is seen here, so its bytes do not come back.
+            deleted = self._remembered_among(
+                session, collection.id, sorted({row["sha256"] for row in rows if row.get("path") is not None})
+            )
             replaced = sorted({int(r) for r in (replace or []) if r is not None})
             if replaced:
                 # Superseded rows go first so that the unique (collection, sha256) never trips on them.
@@ -183,6 +186,9 @@ class ItemRows:
             now = utcnow()
             for position, row in enumerate(rows):
                 sha = row["sha256"]
+                if sha in deleted and row.get("path") is not None:
+                    results.append(AddResult(0, False, deleted_by_user=True))
+                    continue
                 if sha in known:
                     results.append(AddResult(known[sha], False))
                     continue
@@ -248,11 +254,24 @@ class ItemRows:
                 version = bump_version(session, collection_id)
                 orphans += self._delete_rows(session, collection_id, ids, version, reason, remembered)
                 removed[collection_id] = len(ids)
-            orphans = [(sha, mime) for sha, mime in orphans if not self._upload_in_use(session, sha)]
             session.commit()
-        for sha, mime in orphans:
-            media_file(self.media_dir, sha, mime).unlink(missing_ok=True)
+        self._remove_unused_copies(orphans)
         return removed
+
+    def _remove_unused_copies(self, copies: Sequence[tuple[str, str | None]]) -> None:
+        """Unlink the upload copies (sha256, mime) that no row names any more, in any collection.
+
+        Asked under the media lock, exclusively: a writer holds it shared from writing or touching its
+        copy (the same content-addressed file) until the row naming it commits, so the answer here
+        counts every row that will ever name these bytes. Asked before taking the lock, it would miss
+        an upload of the same bytes to another collection committing meanwhile, whose file would go."""
+        if not copies:
+            return
+        with media_lock(self.media_dir, exclusive=True):
+            in_use = self.uploads_in_use(sorted({sha for sha, _ in copies}))
+            for sha, mime in copies:
+                if sha not in in_use:
+                    media_file(self.media_dir, sha, mime).unlink(missing_ok=True)
 
     def _delete_rows(
         self, session: Session, collection_id: int, ids: list[int], version: int, reason: str, remembered: bool
@@ -298,8 +317,17 @@ class ItemRows:
         return found
 
     @staticmethod
-    def _upload_in_use(session: Session, sha: str) -> bool:
-        return bool(session.scalar(select(exists().where(ItemRow.sha256 == sha, ItemRow.path.is_(None)))))
+    def _remembered_among(session: Session, collection_id: int, shas: Sequence[str]) -> set[str]:
+        """Which of `shas` a user deleted from the collection (and did not restore)."""
+        found: set[str] = set()
+        for part in chunks(list(shas)):
+            query = select(DeletedItemRow.sha256).where(
+                DeletedItemRow.collection_id == collection_id,
+                DeletedItemRow.remembered,
+                DeletedItemRow.sha256.in_(part),
+            )
+            found.update(session.scalars(query))
+        return found
 
     def remembered_deletions(self, collection_id: int) -> set[str]:
         """sha256 of the items a user deleted from the collection (and did not restore)."""

@@ -84,8 +84,11 @@ class NewText:
 
 @dataclass(frozen=True)
 class AddResult:
-    id: int
+    id: int  # 0 when nothing was added or found (deleted_by_user)
     created: bool  # False when an identical item (same sha256 / same text) already existed
+    # A bulk-indexed file whose bytes a user deleted from the collection: not added back (the
+    # deletion may have committed while the file was being embedded; `--restore-deleted` forgets it).
+    deleted_by_user: bool = False
 
 
 @dataclass(frozen=True)
