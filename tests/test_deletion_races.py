@@ -2,6 +2,7 @@
 
 - A deletion that commits while an indexer is embedding the same file keeps it deleted: the insert
   reads the remembered deletions after the collection's version bump, which the deletion takes too.
+- Two uploads of the same new bytes at once both succeed (PostgreSQL: concurrent writers).
 - Deleting the last row of an uploaded copy while the same bytes are being uploaded to another
   collection never removes the file the new row names: the copy is unlinked under the media lock,
   which every writer holds from writing its copy until its row commits.
@@ -24,6 +25,7 @@ from indexer.pipeline import ImageIndexer
 from indexer.types import NewImage
 from retrieval.fake import FakeEncoder
 from tests.indexer_helpers import jpeg, open_test_catalog, random_unit, service_for, write_images
+from tests.postgres import fresh_schema
 
 DIM = 32
 
@@ -134,3 +136,53 @@ def test_the_last_deletion_of_a_copy_still_removes_it(catalog) -> None:  # type:
     service.delete_collection("b")
     assert not copy.exists()
     assert in_b.created
+
+
+@pytest.mark.postgres
+def test_the_same_new_bytes_uploaded_to_two_collections_at_once_both_succeed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Both writers of one content-addressed copy meet at the temp file + rename (a temp name shared by
+    the threads of one process let one rename take the other's file: FileNotFoundError, a 500).
+    PostgreSQL only: SQLite has one writer at a time, so two uploads never write at once there."""
+    with fresh_schema() as url:
+        catalog = open_test_catalog(tmp_path / "data", url)
+        try:
+            upload_the_same_bytes_twice_at_once(catalog, monkeypatch)
+        finally:
+            catalog.close()
+
+
+def upload_the_same_bytes_twice_at_once(catalog: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import indexer.media
+
+    service = service_for(catalog, FakeEncoder(dim=DIM))
+    service.ensure("a", "images")
+    service.ensure("b", "images")
+    both_writing = threading.Barrier(2, timeout=5)
+    real_write = indexer.media.write_atomically
+
+    def write_together(path: Path, parts: Any, what: str) -> None:
+        both_writing.wait()
+        real_write(path, parts, what)
+
+    monkeypatch.setattr(indexer.media, "write_atomically", write_together)
+    for round_ in range(20):
+        data = jpeg(1000 + round_, size=(64, 48))
+        outcomes: dict[str, Any] = {}
+
+        def upload(name: str, data: bytes = data, outcomes: dict[str, Any] = outcomes) -> None:
+            try:
+                outcomes[name] = service.add_images(name, [NewImage(data=data)], random_unit(1, DIM))[0]
+            except Exception as exc:  # noqa: BLE001 (the outcome under test)
+                outcomes[name] = exc
+
+        threads = [threading.Thread(target=upload, args=(name,)) for name in ("a", "b")]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert all(getattr(outcomes[n], "created", False) for n in "ab"), (round_, outcomes)
+        assert catalog.media_bytes(outcomes["a"].id) == data == catalog.media_bytes(outcomes["b"].id)
+    leftovers = [p.name for p in catalog.media_dir.rglob("*") if ".tmp-" in p.name]
+    assert not leftovers
