@@ -1,5 +1,7 @@
-"""The app factory. The lifespan owns the resources: it opens the encoder (warming every bucket)
-and the catalog unless they were injected, puts them on `app.state`, and closes what it opened."""
+"""The app factory. The lifespan owns the resources through the composition root
+(indexer/runtime.py): it opens the catalog and the encoder (warming every bucket) unless they were
+injected, puts the collection service, the encoder and the classifier on `app.state`, and closes
+what it opened."""
 
 from __future__ import annotations
 
@@ -13,7 +15,6 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
 from api import kserve
-from api.blocking import run_blocking
 from api.config import Settings
 from api.docs import install_docs
 from api.errors import install_error_handlers
@@ -24,14 +25,10 @@ from api.openapi import install_openapi
 from api.readiness import DatabaseProbe
 from api.request_guard import RequestGuardMiddleware
 from api.routes import classify, collections, embed, health, items, label_sets, search
-from indexer.engines import open_catalog
-from indexer.media import media_root
-from indexer.service import collection_service
+from indexer.runtime import open_runtime
 from indexer.types import Catalog
-from retrieval.encoder import create_encoder
 from retrieval.memory import return_large_frees_to_os
 from retrieval.types import Encoder
-from retrieval.zeroshot import ZeroShotClassifier
 
 log = logging.getLogger("cnclip.api")
 
@@ -46,34 +43,31 @@ def create_app(settings: Settings, encoder: Encoder | None = None, catalog: Cata
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         return_large_frees_to_os()  # decoded images and large bodies leave no memory behind (retrieval/memory.py)
-        own_catalog = catalog is None
-        own_encoder = encoder is None
-        cat = await run_blocking(open_catalog, settings, sweep_media=True) if own_catalog else catalog
-        try:
-            enc = create_encoder(settings, observer=metrics) if own_encoder else encoder
-            assert enc is not None and cat is not None
-            app.state.catalog = cat
-            app.state.database_probe = DatabaseProbe(cat.ping, settings.readiness_interval_s)
-            app.state.encoder = enc
-            app.state.service = collection_service(cat, enc, settings)  # type: ignore[arg-type]
-            # One setting sizes both text-embedding caches, so 0 turns caching of text vectors off.
-            app.state.zeroshot = ZeroShotClassifier(enc, cache_size=settings.query_cache_size)
-            metrics.label_cache.watch(app.state.zeroshot.cache)
-            metrics.query_cache.watch(getattr(enc, "query_cache", None))  # an injected encoder may have none
+        # A server opens and reconciles every collection's vector store at start, and sweeps what a
+        # killed process left under the media folder.
+        runtime = open_runtime(
+            settings,
+            catalog=True if catalog is None else catalog,
+            encoder=True if encoder is None else encoder,
+            stores="now",
+            sweep_media=True,
+            warm=False,
+            observer=metrics,
+        )
+        async with runtime as rt:
+            assert rt.service is not None and rt.zeroshot is not None
+            app.state.runtime = rt
+            app.state.service = rt.service
+            app.state.database_probe = DatabaseProbe(rt.service.ping, settings.readiness_interval_s)
+            app.state.encoder = rt.encoder
+            app.state.zeroshot = rt.zeroshot
+            metrics.label_cache.watch(rt.zeroshot.cache)
+            metrics.query_cache.watch(getattr(rt.encoder, "query_cache", None))  # an injected encoder may have none
             try:
-                if not enc.ready:
-                    log.info("warming up the encoder (%s)", getattr(enc, "model_id", "?"))
-                    await enc.start()
+                await rt.start_encoders()
                 yield
             finally:
-                if own_encoder:
-                    await enc.close()
-        finally:
-            app.state.encoder = None
-            app.state.catalog = None
-            app.state.service = None
-            if own_catalog and cat is not None:
-                await run_blocking(cat.close)
+                app.state.runtime = app.state.service = app.state.encoder = None
 
     app = FastAPI(
         title="cnclip-search",
@@ -85,13 +79,11 @@ def create_app(settings: Settings, encoder: Encoder | None = None, catalog: Cata
     )
     app.state.settings = settings
     app.state.metrics = metrics
+    app.state.runtime = None
     app.state.encoder = None
-    app.state.catalog = None
     app.state.service = None
     app.state.database_probe = None
     app.state.label_sets = LabelSetStore(settings.data_dir / "label_sets.json")
-    app.state.thumbs_dir = settings.data_dir / "thumbs"
-    app.state.media_dir = media_root(settings.data_dir)
 
     install_error_handlers(app)
     for module in (search, classify, embed, collections, items, label_sets, health):

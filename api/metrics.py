@@ -27,7 +27,7 @@ from prometheus_client.registry import Collector
 from starlette.routing import Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from indexer.types import Catalog
+from indexer.service import CollectionService
 from retrieval.types import TOWERS
 
 # Seconds; from sub-millisecond (fake encoder, cached search) to a slow CPU batch.
@@ -125,16 +125,16 @@ class ServiceMetrics:
             self.stage_seconds.labels(route, stage).observe(ms / 1000.0)
 
     # --- scrape -----------------------------------------------------------------------------
-    def refresh(self, encoder: Any, catalog: Catalog | None) -> None:
+    def refresh(self, encoder: Any, service: CollectionService | None) -> None:
         """Read the gauges that live elsewhere. Blocking (SQL): call it from a worker thread."""
         queue_depth = getattr(encoder, "queue_depth", None)
         if callable(queue_depth):
             for tower in TOWERS:
                 self.queue_depth.labels(tower).set(queue_depth(tower))
-        if catalog is not None:
+        if service is not None:
             self.collection_items.clear()
             self.collection_vectors.clear()
-            for c in catalog.list_collections():
+            for c, _default in service.list_all():
                 self.collection_items.labels(c.name, c.kind).set(c.items)
                 self.collection_vectors.labels(c.name, c.kind).set(c.vectors)
 

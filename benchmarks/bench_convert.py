@@ -57,11 +57,11 @@ from benchmarks.peak import (  # noqa: E402
     percent_of_peak,
 )
 from benchmarks.torch_baselines import BEST, Runner, best_of, model_config, random_model, torch_baselines  # noqa: E402
-from retrieval.convert.export import RAW_OUTPUT_NAMES  # noqa: E402
-from retrieval.convert.parity import PARITY_SENTENCES, cosines, run_in_buckets, sample_images, topk_overlap  # noqa: E402
-from retrieval.convert.quantize import append_l2_normalize, to_int8  # noqa: E402
 from retrieval.manifest import ModelManifest  # noqa: E402
 from retrieval.tokenizer import tokenize  # noqa: E402
+from retrieval.toolchain.convert.export import RAW_OUTPUT_NAMES  # noqa: E402
+from retrieval.toolchain.convert.parity import PARITY_SENTENCES, cosines, run_in_buckets, sample_images, topk_overlap  # noqa: E402
+from retrieval.toolchain.convert.quantize import append_l2_normalize, to_int8  # noqa: E402
 
 
 def session_runner(

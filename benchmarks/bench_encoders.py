@@ -9,7 +9,7 @@ In one run, side by side:
    config `cnclip convert` stored), the four PyTorch baselines of `benchmarks/torch_baselines.py`
    (eager fp32 on 1 and on all cores, bf16 autocast, cn_clip's own model; random weights). Ratios
    are against the best of them per tower ("best PyTorch");
-3. `cnclip bench encoders`' sweep (retrieval/bench.py): text and image, concurrency 1–16,
+3. `cnclip bench encoders`' sweep (retrieval/toolchain/bench.py): text and image, concurrency 1–16,
    1 stream with the batcher on and off, 2 streams with it on, with a "% of peak" column: the
    sweep's items/s × the graph's multiply-accumulates per item against the machine's GEMM peak on
    all cores (`benchmarks/peak.py`, int8 or fp32 as the sweep's precision), measured in every repeat.
@@ -48,11 +48,11 @@ from benchmarks.peak import (  # noqa: E402
     peak_table,
     percent_of_peak,
 )
-from retrieval.bench import TABLE_HEADER, SweepPoint, image_payloads, run_sweep, text_payloads  # noqa: E402
 from retrieval.manifest import ModelManifest  # noqa: E402
 from retrieval.preprocess import preprocess_image  # noqa: E402
 from retrieval.providers import choose_precision  # noqa: E402
 from retrieval.tokenizer import Tokenizer, tokenize  # noqa: E402
+from retrieval.toolchain.bench import TABLE_HEADER, SweepPoint, image_payloads, run_sweep, text_payloads  # noqa: E402
 
 
 def machine() -> str:

@@ -163,7 +163,7 @@ def json_text_caller(url: str, texts: list[str]) -> Callable[[int], Awaitable[ob
 
 def start_triton(args: argparse.Namespace, workdir: Path) -> RealTriton:
     """A real Triton serving `export-triton --backend python` of the model (max batch = largest bucket)."""
-    from retrieval.triton_export import ExportOptions, export_triton_repository
+    from retrieval.toolchain.triton.export import ExportOptions, export_triton_repository
 
     repository = workdir / "repo"
     options = ExportOptions(backend="python", max_batch=max(args.buckets), precision=args.precision)

@@ -21,7 +21,8 @@ from datetime import UTC, datetime
 import faiss
 import numpy as np
 
-from indexer.vector_index import SearchTuning, VectorIndex
+from indexer.vector_index import VectorIndex
+from indexer.vector_store import SearchTuning
 
 
 def unit_rows(rng: np.random.Generator, n: int, dim: int, chunk: int = 100_000) -> np.ndarray:

@@ -36,9 +36,9 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from demo import dataset  # noqa: E402
-from retrieval.convert.model import CLIP  # noqa: E402
 from retrieval.manifest import CNCLIP_MEAN, CNCLIP_STD  # noqa: E402
 from retrieval.tokenizer import tokenize  # noqa: E402
+from retrieval.toolchain.convert.model import CLIP  # noqa: E402
 
 CONFIG_PATH = Path(__file__).with_name("model_config.json")
 _MEAN = torch.tensor(CNCLIP_MEAN).view(1, 3, 1, 1)

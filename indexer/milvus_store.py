@@ -58,12 +58,11 @@ from indexer.milvus_plan import (
     server_capabilities,
 )
 from indexer.types import SearchFilters
-from indexer.vector_index import SearchTuning
 from indexer.vector_store import (
-    EngineName,
     FetchVectors,
     FilterIds,
     ItemAttrs,
+    SearchTuning,
     StoreSpec,
     VectorStoreBusy,
     VectorStoreIncompatible,
@@ -230,7 +229,7 @@ class MilvusEngine:
     """`VectorEngine` over a `MilvusClient`, connected on first use (a process that only writes SQL
     never touches Milvus until it flushes)."""
 
-    name: EngineName = "milvus"
+    name = "milvus"
 
     def __init__(self, uri: str, token: str, tuning: SearchTuning) -> None:
         self.lite = is_lite(uri)
@@ -267,6 +266,8 @@ class MilvusEngine:
         if not any(isinstance(f, _LiteUnimplemented) for f in grpc_log.filters):
             grpc_log.addFilter(_LiteUnimplemented())
         with _lite_lock:
+            if self.uri not in _lite_users and _lite_locked(Path(self.uri)):
+                raise VectorStoreBusy(_busy_message(Path(self.uri)))  # before Lite logs a traceback of its own
             try:
                 client = MilvusClient(uri=self.uri)
             except MilvusException as exc:
@@ -312,20 +313,20 @@ class MilvusEngine:
         """Connect to a server now and learn what it supports (Lite: nothing to ask)."""
         self.capabilities()
 
-    def validate(self, factory: str, dim: int) -> None:
-        """`InvalidInput` unless `factory` maps to a Milvus index (milvus_plan.py)."""
-        plan_index(factory, dim, self.capabilities())
+    def validate(self, index: str, dim: int) -> None:
+        """`InvalidInput` unless `index` maps to a Milvus index (milvus_plan.py)."""
+        plan_index(index, dim, self.capabilities())
 
     def open(self, spec: StoreSpec, fetch: FetchVectors, filter_ids: FilterIds) -> MilvusStore:
         """The collection as Milvus holds it, created empty when missing and remade when its
         properties disagree with SQL (sync.py then fills it from SQL)."""
-        plan = plan_index(spec.factory, spec.dim, self.capabilities())
+        plan = plan_index(spec.index, spec.dim, self.capabilities())
         store = MilvusStore(self, spec, plan, fetch)
         client = self.client()
         wanted = {
             "cnclip.model": spec.model,
             "cnclip.dim": str(spec.dim),
-            "cnclip.index": spec.factory,
+            "cnclip.index": spec.index,
             "cnclip.fields": FIELDS,
         }
         if self.call(lambda: client.has_collection(store.name)):
@@ -389,6 +390,15 @@ class MilvusEngine:
         client.close()
         if self.lite:
             _release_lite(Path(self.uri))
+
+
+def open_engine(settings: Any, database_url: str) -> MilvusEngine:
+    """The registry's opener (indexer/engines.py): Milvus at `CNCLIP_MILVUS_URI` (a Lite file or a
+    server); the database URL plays no part (collections are named by their vector key)."""
+    from indexer.engines import search_tuning
+
+    token = settings.milvus_token.get_secret_value() if settings.milvus_token else ""
+    return MilvusEngine(settings.milvus_uri_or_default, token, search_tuning(settings))
 
 
 def collection_name(spec: StoreSpec) -> str:

@@ -46,7 +46,7 @@ def _state(row: CollectionRow) -> CollectionState:
         kind=row.kind,  # type: ignore[arg-type]
         model=row.model,
         dim=row.dim,
-        factory=row.index_factory,
+        index=row.index_factory,
         version=int(row.version or 0),
         vector_key=row.vector_key,
         created_at=aware(row.created_at),

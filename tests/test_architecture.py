@@ -21,7 +21,7 @@ FORBIDDEN = {
 _MODULE_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _IMPORTS_BY_STRING = ("import_module", "__import__", "find_spec", "import_string")
 # Conversion and training are the only places torch may live.
-TORCH_ALLOWED = ("retrieval/convert/",)
+TORCH_ALLOWED = ("retrieval/toolchain/convert/",)
 
 
 def imported_modules(path: Path) -> set[str]:

@@ -25,8 +25,7 @@ from indexer import milvus_plan
 from indexer.milvus_plan import LITE, filter_arguments, is_permanent, server_capabilities
 from indexer.milvus_store import MilvusEngine, collection_name
 from indexer.types import SearchFilters
-from indexer.vector_index import SearchTuning
-from indexer.vector_store import ItemAttrs, StoreSpec, VectorStoreIncompatible
+from indexer.vector_store import ItemAttrs, SearchTuning, StoreSpec, VectorStoreIncompatible
 from retrieval.fake import FakeEncoder
 from tests.api_helpers import api_client
 from tests.indexer_helpers import jpeg
@@ -103,7 +102,7 @@ def test_an_older_server_stops_serve_with_one_line_naming_the_minimum(
 ) -> None:
     from pymilvus import MilvusClient
 
-    from api.serve_cli import exit_on_unusable_vector_store
+    from cli.serving import exit_on_unusable_vector_store
 
     monkeypatch.setattr(MilvusClient, "get_server_version", lambda self, **kw: "v2.2.16")
     with pytest.raises(VectorStoreIncompatible, match=r"version v2\.2\.16; cnclip needs Milvus 2\.3\.0 or newer"):

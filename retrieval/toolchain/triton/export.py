@@ -16,7 +16,7 @@ Backends:
   relaxed, checked numerically against the bucket graph), `max_batch_size` and Triton's
   `dynamic_batching` with our buckets as preferred sizes.
 - `python`: the same batch-dynamic graphs and batching, run by a Python-backend model
-  (`retrieval/triton_onnx_model.py`, copied as `1/model.py`) with ONNX Runtime: CPU, CUDA or CANN,
+  (`retrieval/toolchain/triton/onnx_model.py`, copied as `1/model.py`) with ONNX Runtime: CPU, CUDA or CANN,
   whatever the onnxruntime in Triton's Python environment has. For a Triton without the onnxruntime
   backend (the `nvidia-pytriton` build the tests run, or an Ascend host where that backend has no
   CANN build). Float inputs are FP32 in the config and cast to the graph's type inside.
@@ -38,7 +38,7 @@ import onnx
 
 from retrieval.errors import InvalidInput, ModelError
 from retrieval.manifest import ModelManifest
-from retrieval.triton_graphs import dynamic_batch_graph, load_graph, rename_io
+from retrieval.toolchain.triton.graphs import dynamic_batch_graph, load_graph, rename_io
 from retrieval.triton_names import IMAGE_BYTES_MODEL, IMAGE_MODEL, TEXT_MODEL, text_model
 
 Backend = Literal["onnxruntime", "python", "npu_ge"]
@@ -52,8 +52,8 @@ _TRITON_TYPES = {
     onnx.TensorProto.INT64: "TYPE_INT64",
     onnx.TensorProto.INT32: "TYPE_INT32",
 }
-PREPROCESS_SOURCE = Path(__file__).with_name("triton_preprocess.py")
-TOWER_SOURCE = Path(__file__).with_name("triton_onnx_model.py")  # the python backend's tower model
+PREPROCESS_SOURCE = Path(__file__).with_name("preprocess.py")
+TOWER_SOURCE = Path(__file__).with_name("onnx_model.py")  # the python backend's tower model
 
 
 @dataclass(frozen=True)
@@ -144,7 +144,7 @@ def _tower_config(
         if options.backend == "onnxruntime":
             config["instance_group"] = _instance_group(options, None)  # KIND_AUTO: the GPUs when there are any
         else:
-            # The model picks its provider itself (see triton_onnx_model.py); Triton has no NPU kind.
+            # The model picks its provider itself (see onnx_model.py); Triton has no NPU kind.
             config["instance_group"] = [{"count": options.instances, "kind": Symbol("KIND_CPU")}]
         config["dynamic_batching"] = {
             "preferred_batch_size": [b for b in buckets if 1 < b <= batch] or [batch],

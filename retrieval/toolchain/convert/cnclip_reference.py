@@ -19,8 +19,8 @@ from typing import Any
 
 from torch import nn
 
-from retrieval.convert.model import PAD_ID
 from retrieval.errors import ModelError
+from retrieval.toolchain.convert.model import PAD_ID
 
 MODULE_KEY = "cnclip_reference_model"
 

@@ -17,10 +17,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from retrieval.convert.export import tower_module
-from retrieval.convert.model import CLIP
 from retrieval.errors import ModelError
 from retrieval.manifest import CNCLIP_MEAN, CNCLIP_STD
+from retrieval.toolchain.convert.export import tower_module
+from retrieval.toolchain.convert.model import CLIP
 
 THRESHOLDS = {"fp32": 0.99999, "fp16": 0.999}
 

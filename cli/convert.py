@@ -1,4 +1,5 @@
-"""CLI commands of this package (see api/cli.py): `cnclip convert` and `cnclip models pull`.
+"""`cnclip convert`: a checkpoint into a model directory of static ONNX graphs (the conversion of the
+toolchain, retrieval/toolchain/convert/).
 
 Torch and the exporters are imported inside the commands, so `cnclip --help` stays instant.
 """
@@ -12,6 +13,8 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from cli.convert_report import print_report
+from cli.errors import fail
 from retrieval.errors import CnclipError, InvalidInput
 
 ARCH_NAMES = ("RN50", "ViT-B-16", "ViT-L-14", "ViT-L-14-336", "ViT-H-14")
@@ -25,11 +28,6 @@ def _int_list(text: str, what: str) -> list[int]:
     if not values or min(values) < 1:
         raise InvalidInput(f"{what} must be positive integers, got {text!r}")
     return values
-
-
-def _fail(console: Console, exc: CnclipError) -> typer.Exit:
-    console.print(f"[red]error:[/red] {exc.message}", soft_wrap=True)
-    return typer.Exit(1)
 
 
 def convert(
@@ -70,7 +68,7 @@ def convert(
         length_list = _int_list(text_lengths, "--text-lengths")
         precisions = [p.strip() for p in precision.split(",") if p.strip()]
         if from_cnclip_onnx:
-            from retrieval.convert.cnclip_onnx import wrap_cnclip_onnx
+            from retrieval.toolchain.convert.cnclip_onnx import wrap_cnclip_onnx
 
             with console.status("wrapping Chinese-CLIP ONNX graphs") as status:
                 manifest, report = wrap_cnclip_onnx(
@@ -87,8 +85,8 @@ def convert(
                 console, out, arch, config, checkpoint, random_init, bucket_list, precisions, name, seed, length_list
             )
     except CnclipError as exc:
-        raise _fail(console, exc) from exc
-    report.print(console)
+        raise fail(exc) from exc
+    print_report(report, console)
     console.print(f"[green]wrote[/green] {out} (model {manifest.name}, logit_scale {manifest.logit_scale:g})")
 
 
@@ -107,9 +105,9 @@ def _convert_checkpoint(
 ):  # type: ignore[no-untyped-def]
     import torch
 
-    from retrieval.convert.checkpoint import build_model, load_checkpoint, vary_constant_parameters
-    from retrieval.convert.model import architecture_config
-    from retrieval.convert.pipeline import convert_model
+    from retrieval.toolchain.convert.checkpoint import build_model, load_checkpoint, vary_constant_parameters
+    from retrieval.toolchain.convert.model import architecture_config
+    from retrieval.toolchain.convert.pipeline import convert_model
 
     if (checkpoint is None) == (not random_init):
         raise InvalidInput("give exactly one of --checkpoint FILE.pt or --random-init (or --from-cnclip-onnx PREFIX)")
@@ -152,8 +150,5 @@ def _convert_checkpoint(
 
 
 def register(app: typer.Typer) -> None:
-    """Add this package's commands to the `cnclip` app."""
+    """`cnclip convert`."""
     app.command("convert")(convert)
-    from retrieval.convert.pull import register_models
-
-    register_models(app)

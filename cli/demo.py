@@ -1,6 +1,4 @@
-"""`cnclip demo`, and the `cnclip` program itself: api/cli.py's commands plus this one. The demo is
-the outermost layer (it uses the server, the catalog and the model), so the program is put together
-here and no layer below imports this package."""
+"""`cnclip demo`: draw and index a demo gallery (demo/gallery.py), then serve the UI."""
 
 from __future__ import annotations
 
@@ -8,27 +6,8 @@ from typing import Annotated
 
 import typer
 
-
-def build_cnclip() -> typer.Typer:
-    """The whole `cnclip` command."""
-    from api.cli import build_cli
-
-    app = build_cli()
-    register(app)
-    return app
-
-
-def main() -> None:
-    """The `cnclip` entry point; Ctrl-C outside a command's own handler exits 130, without a traceback."""
-    import sys
-
-    from api.cli import EXIT_INTERRUPTED
-
-    try:
-        build_cnclip()()
-    except KeyboardInterrupt:
-        print("interrupted", file=sys.stderr)
-        sys.exit(EXIT_INTERRUPTED)
+from cli.errors import fail
+from cli.output import plural
 
 
 def register(app: typer.Typer) -> None:
@@ -50,25 +29,24 @@ def register(app: typer.Typer) -> None:
         import asyncio
 
         from api.config import Settings
-        from api.serve_cli import bind_listener, run_server
+        from cli.progress import IndexProgress
+        from cli.serving import bind_listener, run_server
         from demo.gallery import IMAGE_COLLECTION, TEXT_COLLECTION, example_commands, index_demo, write_demo_files
-        from indexer.cli import plural
         from retrieval.errors import CnclipError
 
         overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
-        settings = Settings(**overrides)
+        settings = Settings(**overrides)  # type: ignore[arg-type]  # host: str, port: int
         # A busy port fails now, in one line, not after the gallery is drawn and indexed.
         listener = bind_listener(settings.host, settings.port) if serve else None
         typer.echo(f"cnclip demo: model {settings.model_dir}, data {settings.data_dir}")
         try:
             files = write_demo_files(settings)
             typer.echo(f"{'generated' if files.created else 'reusing'} the demo gallery in {files.root}")
-            result = asyncio.run(index_demo(settings, files))
+            result = asyncio.run(index_demo(settings, files, IndexProgress(IMAGE_COLLECTION)))
         except CnclipError as exc:
             if listener is not None:
                 listener.close()
-            typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-            raise typer.Exit(1) from exc
+            raise fail(exc) from exc
         for name in result.replaced:
             typer.echo(f"re-indexed {name}: the model has changed since")
         typer.echo(

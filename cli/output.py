@@ -1,4 +1,5 @@
-"""Plain text columns for the CLI's listings (`cnclip models list`, `cnclip stats`).
+"""What the commands print: plain text columns for the listings (`cnclip models list`, `cnclip stats`),
+and plurals.
 
 Never cut and never wrapped, whatever the terminal's width or none (a pipe): a URL or a model id
 that a listing prints is one that can be copied. Widths count terminal cells, so Chinese names line
@@ -22,3 +23,8 @@ def plain_columns(header: Sequence[str], rows: Sequence[Sequence[object]]) -> li
         GAP.join(value + " " * (width - cell_len(value)) for value, width in zip(line, widths, strict=True)).rstrip()
         for line in table
     ]
+
+
+def plural(count: int, noun: str) -> str:
+    """`count` and `noun`, plural but for 1: "1 image", "0 images", "2 images"."""
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"

@@ -1,26 +1,19 @@
-"""The `cnclip` commands of the service's layers. Each package registers its own commands; heavy
-imports stay inside them so that `cnclip --help` is instant and serving never imports torch."""
+"""The `cnclip` program: its global options and every command group, in the order `--help` lists
+them. Heavy imports stay inside the commands, so that `cnclip --help` is instant and serving never
+imports torch."""
 
 from __future__ import annotations
 
+import sys
+
 import typer
 
-EXIT_INTERRUPTED = 130  # Ctrl-C anywhere (the shell's 128 + SIGINT)
-# The README's "Exit status" list says the same.
-EXIT_STATUS = (
-    "Exit status: 0 all good; 1 an error (the message says which); 2 a usage error (bad option or "
-    "argument); 3 some files could not be indexed (the others were); 130 interrupted (Ctrl-C)."
-)
+from cli import bench, catalog, convert, demo, indexing, models, serving, triton
+from cli.errors import EXIT_INTERRUPTED, EXIT_STATUS
 
 
 def build_cli() -> typer.Typer:
-    """The commands of the model runtime, the catalog and the server. The `cnclip` program is this
-    plus `cnclip demo` (demo/cli.py, the outermost layer: it may import api, api may not import it)."""
-    from api import serve_cli, triton_cli, worker_cli
-    from indexer import cli as indexer_cli
-    from retrieval import cli as retrieval_cli
-    from retrieval.convert import cli as convert_cli
-
+    """The whole `cnclip` command."""
     app = typer.Typer(
         name="cnclip",
         help="Self-hosted cross-modal search for Chinese CLIP.",
@@ -52,9 +45,9 @@ def build_cli() -> typer.Typer:
         ),
     ) -> None:
         """Self-hosted cross-modal search for Chinese CLIP."""
-        from api.cli_logging import configure_logging, verbosity_level
+        from cli.log_setup import configure_logging, verbosity_level
 
-        # Before any command runs: its chatter stays off stderr unless asked for (api/cli_logging.py).
+        # Before any command runs: its chatter stays off stderr unless asked for (cli/log_setup.py).
         configure_logging(verbosity_level(verbose))
 
     @app.command()
@@ -63,8 +56,18 @@ def build_cli() -> typer.Typer:
         typer.echo(installed_version())
 
     # In the order their commands appear in --help; each module imports its heavy parts inside commands.
-    for module in (retrieval_cli, convert_cli, indexer_cli, serve_cli, worker_cli, triton_cli):
-        module.register(app)
+    for register in (
+        bench.register,
+        convert.register,
+        models.register,
+        catalog.register_db,
+        indexing.register,
+        catalog.register,
+        serving.register,
+        triton.register,
+        demo.register,
+    ):
+        register(app)
     return app
 
 
@@ -72,3 +75,12 @@ def installed_version() -> str:
     from importlib.metadata import version as dist_version
 
     return dist_version("cnclip-search")
+
+
+def main() -> None:
+    """The `cnclip` entry point; Ctrl-C outside a command's own handler exits 130, without a traceback."""
+    try:
+        build_cli()()
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)

@@ -1,4 +1,5 @@
-"""`cnclip models pull NAME`: download an official Chinese-CLIP checkpoint, resumably and verified.
+"""Downloading an official Chinese-CLIP checkpoint, resumably and verified (`cnclip models pull NAME`,
+cli/models.py).
 
 The file goes to `DIR/<file>.part` first; an interrupted download resumes with an HTTP Range request;
 only a complete file whose size (Content-Length / Content-Range) and sha256 match is renamed into
@@ -10,22 +11,19 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import json
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated
 from urllib.parse import urlsplit
 
 import httpx
-import typer
-from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
 
-from retrieval.columns import plain_columns
-from retrieval.config import RuntimeSettings
-from retrieval.errors import CnclipError, InvalidInput
+from retrieval.errors import CnclipError
+
+# (bytes of the file there so far, its size when the server states it): a progress bar's update.
+DownloadProgress = Callable[[int, int | None], None]
 
 CHUNK = 1 << 20
 SHA256_RE = re.compile(r'^(?:W/)?"?([0-9a-f]{64})"?$')
@@ -89,6 +87,11 @@ def _hash_prefix(path: Path) -> hashlib._Hash:
     return digest
 
 
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file on disk (a checkpoint already downloaded)."""
+    return _hash_prefix(path).hexdigest()
+
+
 def _kept_part(part: Path) -> str:
     """What a failed download leaves for the next one to resume: said only when there is something
     (an empty `.part` is removed, so that no message promises bytes that are not there)."""
@@ -103,10 +106,11 @@ def download(
     url: str,
     target: Path,
     sha256: str | None = None,
-    console: Console | None = None,
+    on_progress: DownloadProgress | None = None,
     timeout: float = 30.0,
 ) -> Path:
-    """Download `url` to `target` (resuming `target.part`), verify size and sha256, return `target`."""
+    """Download `url` to `target` (resuming `target.part`), verify size and sha256, return `target`.
+    `on_progress(done, total)` is called as the bytes arrive."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
     part = target.with_name(target.name + ".part")
@@ -117,7 +121,7 @@ def download(
         with httpx.stream("GET", url, headers=headers, follow_redirects=True, timeout=timeout) as response:
             if response.status_code == 416 and offset:  # the .part is already complete (or longer than the file)
                 part.unlink()
-                return download(url, target, sha256, console, timeout)
+                return download(url, target, sha256, on_progress, timeout)
             if response.status_code == 404:
                 raise DownloadError(f"not found (HTTP 404): {url} — check the model name or CNCLIP_MODEL_BASE_URL")
             if response.status_code >= 400:
@@ -134,21 +138,15 @@ def download(
                         f"the download needs {(total - offset) / 1e9:.2f} GB more"
                     )
             digest = _hash_prefix(part) if offset else hashlib.sha256()
-            progress = Progress(
-                TextColumn(target.name),
-                BarColumn(),
-                DownloadColumn(),
-                TransferSpeedColumn(),
-                TimeRemainingColumn(),
-                console=console or Console(stderr=True),
-                transient=True,
-            )
-            with progress, part.open("ab" if offset else "wb") as out:
-                task = progress.add_task("download", total=total, completed=offset)
+            report = on_progress or (lambda _done, _total: None)
+            done = offset
+            report(done, total)
+            with part.open("ab" if offset else "wb") as out:
                 for block in response.iter_bytes(CHUNK):
                     out.write(block)
                     digest.update(block)
-                    progress.update(task, advance=len(block))
+                    done += len(block)
+                    report(done, total)
     except httpx.TransportError as exc:
         raise DownloadError(
             f"cannot download from {host}: {exc.__class__.__name__}: {exc} — no network? "
@@ -173,55 +171,3 @@ def download(
         )
     part.replace(target)
     return target
-
-
-models_app = typer.Typer(help="Official Chinese-CLIP checkpoints.", no_args_is_help=True)
-
-
-@models_app.command("list")
-def list_models(as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False) -> None:
-    """List the checkpoints `cnclip models pull` knows, with their download URLs (never cut)."""
-    base = RuntimeSettings.model_validate({}).model_base_url
-    rows = [{"name": c.name, "size": c.size_hint, "url": checkpoint_url(c, base)} for c in CHECKPOINTS.values()]
-    if as_json:
-        typer.echo(json.dumps({"models": rows}))
-        return
-    for line in plain_columns(("name", "size", "url"), [list(row.values()) for row in rows]):
-        typer.echo(line)
-
-
-@models_app.command("pull")
-def pull(
-    name: Annotated[str, typer.Argument(help=f"One of: {', '.join(CHECKPOINTS)}.")],
-    dir: Annotated[  # noqa: A002 - the option is called --dir
-        Path | None, typer.Option("--dir", help="Download directory (default: <data dir>/checkpoints).")
-    ] = None,
-    sha256: Annotated[str | None, typer.Option(help="Expected sha256, when the server does not state it.")] = None,
-) -> None:
-    """Download an official checkpoint (resumable, size and sha256 checked), then print the convert command."""
-    console = Console()
-    try:
-        if name not in CHECKPOINTS:
-            raise InvalidInput(f"unknown model {name!r}; choose one of {', '.join(CHECKPOINTS)}")
-        settings = RuntimeSettings.model_validate({})
-        checkpoint = CHECKPOINTS[name]
-        directory = dir or settings.data_dir / "checkpoints"
-        target = directory / checkpoint.file
-        if target.is_file():
-            if sha256 and _hash_prefix(target).hexdigest() != sha256.lower():
-                raise DownloadError(f"{target} exists but its sha256 differs from --sha256; delete it and pull again")
-            console.print(f"already downloaded: {target}")
-        else:
-            url = checkpoint_url(checkpoint, settings.model_base_url)
-            console.print(f"downloading {url}")
-            download(url, target, sha256, console)
-            console.print(f"[green]saved[/green] {target}")
-    except CnclipError as exc:
-        console.print(f"[red]error:[/red] {exc.message}", soft_wrap=True)
-        raise typer.Exit(1) from exc
-    console.print(f"next: cnclip convert --arch {name} --checkpoint {target} --out models/{name.lower()}")
-
-
-def register_models(app: typer.Typer) -> None:
-    """Add the `models` sub-app (pull, list) to the `cnclip` app."""
-    app.add_typer(models_app, name="models")

@@ -17,16 +17,16 @@ from typing import Any
 import numpy as np
 import onnx
 
-from retrieval.convert import parity
-from retrieval.convert.export import INPUT_NAMES, OPSET, OUTPUT_NAMES, RAW_OUTPUT_NAMES, TOWERS, export_tower
-from retrieval.convert.model import CLIP, CONTEXT_LENGTH
-from retrieval.convert.quantize import append_l2_normalize, to_fp16, to_int8
-from retrieval.convert.report import ConvertReport
-from retrieval.convert.simplify import op_counts, simplify_graph
 from retrieval.errors import ModelError
 from retrieval.graph_store import SharedWeightsFile
 from retrieval.manifest import MANIFEST_NAME, PRECISIONS, ModelManifest, TowerSpec
 from retrieval.text_lengths import parse_lengths
+from retrieval.toolchain.convert import parity
+from retrieval.toolchain.convert.export import INPUT_NAMES, OPSET, OUTPUT_NAMES, RAW_OUTPUT_NAMES, TOWERS, export_tower
+from retrieval.toolchain.convert.model import CLIP, CONTEXT_LENGTH
+from retrieval.toolchain.convert.quantize import append_l2_normalize, to_fp16, to_int8
+from retrieval.toolchain.convert.report import ConvertReport
+from retrieval.toolchain.convert.simplify import op_counts, simplify_graph
 
 log = logging.getLogger(__name__)
 IMAGE_SAMPLES = 48  # the parity gallery; also enough to fill the largest usual bucket (32)

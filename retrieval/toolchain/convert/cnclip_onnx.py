@@ -21,14 +21,14 @@ import numpy as np
 import onnx
 from onnxruntime.capi.onnxruntime_pybind11_state import Fail, InvalidArgument, InvalidGraph, RuntimeException
 
-from retrieval.convert import parity
-from retrieval.convert.export import INPUT_NAMES, OUTPUT_NAMES, RAW_OUTPUT_NAMES, TOWERS
-from retrieval.convert.quantize import append_l2_normalize
-from retrieval.convert.report import ConvertReport
-from retrieval.convert.simplify import op_counts, simplify_graph
 from retrieval.errors import ModelError
 from retrieval.graph_store import save_sharing_weights
 from retrieval.manifest import MANIFEST_NAME, ModelManifest, TowerSpec
+from retrieval.toolchain.convert import parity
+from retrieval.toolchain.convert.export import INPUT_NAMES, OUTPUT_NAMES, RAW_OUTPUT_NAMES, TOWERS
+from retrieval.toolchain.convert.quantize import append_l2_normalize
+from retrieval.toolchain.convert.report import ConvertReport
+from retrieval.toolchain.convert.simplify import op_counts, simplify_graph
 
 log = logging.getLogger(__name__)
 SUFFIX = {"image": "img", "text": "txt"}

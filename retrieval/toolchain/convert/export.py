@@ -18,8 +18,8 @@ import onnx
 import torch
 from torch import nn
 
-from retrieval.convert.model import CLIP, CONTEXT_LENGTH
 from retrieval.errors import ModelError
+from retrieval.toolchain.convert.model import CLIP, CONTEXT_LENGTH
 
 OPSET = 17  # ≥ 14 as the seed needs; 17 has LayerNormalization as one op
 TOWERS = ("image", "text")

@@ -1,7 +1,7 @@
 """The tower graphs of a Triton repository: a bucket graph loaded whole, its tensors renamed, and
 its batch dimension made dynamic (checked numerically against the bucket graph).
 
-Used by `retrieval/triton_export.py` (`cnclip export-triton`).
+Used by `retrieval/toolchain/triton/export.py` (`cnclip export-triton`).
 """
 
 from __future__ import annotations

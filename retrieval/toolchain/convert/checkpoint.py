@@ -1,4 +1,4 @@
-"""Read Chinese-CLIP checkpoints safely and load them into `retrieval.convert.model.CLIP`.
+"""Read Chinese-CLIP checkpoints safely and load them into `retrieval.toolchain.convert.model.CLIP`.
 
 Official checkpoints are `{"state_dict": {...}, "epoch": ..., ...}` with keys that may start with
 `module.` (saved from DistributedDataParallel) and weights usually in fp16. They are read with
@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 
-from retrieval.convert.model import CLIP
 from retrieval.errors import ModelError
+from retrieval.toolchain.convert.model import CLIP
 
 StateDict = dict[str, torch.Tensor]
 

@@ -1,11 +1,21 @@
-"""CLI commands of this package (see api/cli.py): `cnclip export-triton`, `cnclip triton-server`."""
+"""`cnclip export-triton` (retrieval/toolchain/triton/export.py) and `cnclip triton-server` (the
+nvidia-pytriton wheel's tritonserver, retrieval/toolchain/triton/server.py, run until Ctrl-C)."""
 
 from __future__ import annotations
 
+import platform
+import signal
+import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
+
+from cli.errors import EXIT_INTERRUPTED, fail
+
+if TYPE_CHECKING:
+    from retrieval.toolchain.triton.server import TritonLaunch
 
 
 def _device_ids(value: str | None) -> tuple[int, ...]:
@@ -21,7 +31,7 @@ def _device_ids(value: str | None) -> tuple[int, ...]:
 
 
 def register(app: typer.Typer) -> None:
-    """Add this package's commands to the `cnclip` app."""
+    """`cnclip export-triton` and `cnclip triton-server`."""
     register_export(app)
     register_server(app)
 
@@ -55,7 +65,7 @@ def register_export(app: typer.Typer) -> None:
         """Write a Triton model repository: cnclip_text, cnclip_image, a Python preprocess model and the
         cnclip_image_bytes ensemble (raw JPEG/PNG in, features out)."""
         from retrieval.errors import CnclipError
-        from retrieval.triton_export import BACKENDS, ExportOptions, export_triton_repository
+        from retrieval.toolchain.triton.export import BACKENDS, ExportOptions, export_triton_repository
 
         if backend not in BACKENDS:
             raise typer.BadParameter(f"--backend must be one of {', '.join(BACKENDS)}, got '{backend}'")
@@ -71,8 +81,7 @@ def register_export(app: typer.Typer) -> None:
         try:
             report = export_triton_repository(model, out, options, force=force)
         except CnclipError as exc:
-            typer.echo(f"error: {exc.message}", err=True)
-            raise typer.Exit(1) from None
+            raise fail(exc) from None
         for model_name, batch in report.batch.items():
             kind = "static batch" if backend == "npu_ge" else "max_batch_size"
             typer.echo(f"{model_name:16s}  {kind} {batch}  (from bucket graph b{report.source_bucket[model_name]})")
@@ -119,7 +128,7 @@ def register_server(app: typer.Typer) -> None:
         """Run the tritonserver of the nvidia-pytriton wheel (Triton 2.51, Python backend) on REPO,
         with everything its Python backend needs from this Python, venv or not. Arguments after `--` go
         to tritonserver as they are. Stops cleanly on Ctrl-C or SIGTERM."""
-        from api.triton_server import TritonLaunch, TritonServerError, run_until_stopped
+        from retrieval.toolchain.triton.server import TritonLaunch, TritonServerError
 
         launch = TritonLaunch(
             repository=repository,
@@ -134,6 +143,59 @@ def register_server(app: typer.Typer) -> None:
         try:
             status = run_until_stopped(launch, ready_timeout_s=ready_timeout, echo=typer.echo)
         except TritonServerError as exc:
-            typer.echo(f"error: {exc.message}", err=True)
-            raise typer.Exit(1) from None
+            raise fail(exc) from None
         raise typer.Exit(status)
+
+
+def run_until_stopped(launch: TritonLaunch, *, ready_timeout_s: float, echo: Callable[[str], None]) -> int:
+    """`cnclip triton-server`: start, say where it listens once ready, forward SIGINT/SIGTERM, reap.
+
+    The exit status: 130 after Ctrl-C (SIGINT); 0 after a SIGTERM (a service manager's stop) that
+    the server obeyed; 1 when the server could not start, was not ready in time, exited by itself or
+    did not stop cleanly. A second signal kills the server at once.
+    """
+    asked: list[int] = []
+    from retrieval.toolchain.triton.server import TritonServer, TritonServerError
+
+    server = TritonServer(launch)
+
+    def forward(signum: int, _frame: object) -> None:
+        if asked:
+            server.kill()  # a second Ctrl-C: do not wait for in-flight requests
+        asked.append(signum)
+        server.send_signal(signum)
+
+    previous = {s: signal.signal(s, forward) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with server:
+            server.start(die_with_parent=True)
+            if asked:  # a signal that came while it was starting, before there was a process to forward it to
+                server.send_signal(asked[0])
+            echo(
+                f"tritonserver (nvidia-pytriton) on {launch.repository}: {', '.join(server.models)}; "
+                f"Python backend on {sys.executable} ({platform.python_version()})"
+            )
+            if server.wait_ready(ready_timeout_s, give_up=lambda: bool(asked)):
+                echo(_where_it_listens(launch))
+            assert server.process is not None
+            status = server.process.wait()  # until it stops by itself or a forwarded signal
+            if not asked:
+                raise TritonServerError(f"tritonserver exited with status {status}")
+            if asked[0] == signal.SIGINT:
+                return EXIT_INTERRUPTED  # interrupted, however the server took it
+            if status != 0:
+                raise TritonServerError(f"tritonserver stopped with status {status}")
+        return 0
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _where_it_listens(launch: TritonLaunch) -> str:
+    lines = [f"ready: HTTP {launch.http_url} (KServe v2, /v2/health/ready)"]
+    if launch.grpc_port:
+        lines.append(f"       gRPC {launch.probe_host}:{launch.grpc_port}")
+    if launch.metrics_port:
+        lines.append(f"       metrics http://{launch.probe_host}:{launch.metrics_port}/metrics")
+    lines.append(f"embed through it: CNCLIP_ENCODER=triton://{launch.probe_host}:{launch.http_port}  (Ctrl-C to stop)")
+    return "\n".join(lines)

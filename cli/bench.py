@@ -1,4 +1,4 @@
-"""CLI commands of this package (see api/cli.py): `cnclip bench encoders`."""
+"""`cnclip bench encoders`: the encoder benchmark of the toolchain (retrieval/toolchain/bench.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+
+from cli.errors import fail
 
 bench_app = typer.Typer(help="Benchmarks of the model runtime.", no_args_is_help=True)
 
@@ -44,9 +46,9 @@ def bench_encoders(
     json_out: Annotated[Path | None, typer.Option("--json", help="Also write the points as JSON here.")] = None,
 ) -> None:
     """Perf-analyzer-style sweep: items/s and p50/p95/p99 latency per tower, concurrency and config."""
-    from retrieval.bench import TABLE_HEADER, run_sweep, to_json
     from retrieval.config import RuntimeSettings
     from retrieval.errors import CnclipError
+    from retrieval.toolchain.bench import TABLE_HEADER, run_sweep, to_json
 
     tower_list = [t.strip() for t in towers.split(",") if t.strip()]
     if not tower_list or any(t not in ("text", "image") for t in tower_list):
@@ -60,8 +62,7 @@ def bench_encoders(
             on_point=lambda p: typer.echo(f"measured: {p.row()}", err=True),
         )  # fmt: skip
     except CnclipError as exc:
-        typer.echo(f"error: {exc.message}", err=True)
-        raise typer.Exit(1) from exc
+        raise fail(exc) from exc
     typer.echo(TABLE_HEADER)
     for point in points:
         typer.echo(point.row())
@@ -70,5 +71,5 @@ def bench_encoders(
 
 
 def register(app: typer.Typer) -> None:
-    """Add this package's commands to the `cnclip` app."""
+    """`cnclip bench …`."""
     app.add_typer(bench_app, name="bench")

@@ -19,10 +19,10 @@ import logging
 import os
 import tempfile
 from pathlib import Path
+from typing import Protocol
 
 from PIL import Image
 
-from indexer.media_check import check_media, read_media
 from indexer.types import ItemRecord
 from retrieval.errors import InvalidImage
 from retrieval.preprocess import DEFAULT_MAX_PIXELS, decode_image
@@ -69,14 +69,24 @@ def save_thumbnail(data: bytes, target: Path, max_pixels: int = DEFAULT_MAX_PIXE
     return jpeg
 
 
-def item_thumbnail(item: ItemRecord, media_dir: Path, thumbs_dir: Path, max_pixels: int = DEFAULT_MAX_PIXELS) -> bytes:
+class MediaReader(Protocol):
+    """Where an item's indexed bytes come from (the catalog, indexer/media_check.py)."""
+
+    def check_media(self, item: ItemRecord) -> None: ...
+
+    def read_media(self, item: ItemRecord) -> bytes: ...
+
+
+def item_thumbnail(
+    item: ItemRecord, media: MediaReader, thumbs_dir: Path, max_pixels: int = DEFAULT_MAX_PIXELS
+) -> bytes:
     """The JPEG thumbnail of `item`'s indexed image (see the module docstring); `NotFound` /
     `MediaChanged` like the image itself. Blocking: call from a worker thread. `max_pixels` is the
     server's limit, which the image passed when it was indexed."""
-    check_media(item, media_dir)  # a text, a missing file or one out of its folder: refused first
+    media.check_media(item)  # a text, a missing file or one out of its folder: refused first
     target = thumbnail_path(thumbs_dir, item.sha256 or "")
     try:
         return target.read_bytes()
     except FileNotFoundError:
         pass
-    return save_thumbnail(read_media(item, media_dir), target, max_pixels)
+    return save_thumbnail(media.read_media(item), target, max_pixels)
