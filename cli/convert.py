@@ -6,9 +6,8 @@ Torch and the exporters are imported inside the commands, so `cnclip --help` sta
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -16,8 +15,12 @@ from rich.console import Console
 from cli.convert_report import print_report
 from cli.errors import fail
 from retrieval.errors import CnclipError, InvalidInput
+from retrieval.toolchain.convert import ARCH_NAMES
 
-ARCH_NAMES = ("RN50", "ViT-B-16", "ViT-L-14", "ViT-L-14-336", "ViT-H-14")
+if TYPE_CHECKING:
+    from retrieval.manifest import ModelManifest
+    from retrieval.toolchain.convert.report import ConvertReport
+
 
 
 def _int_list(text: str, what: str) -> list[int]:
@@ -102,39 +105,11 @@ def _convert_checkpoint(
     name: str | None,
     seed: int,
     text_lengths: list[int],
-):  # type: ignore[no-untyped-def]
-    import torch
-
-    from retrieval.toolchain.convert.checkpoint import build_model, load_checkpoint, vary_constant_parameters
-    from retrieval.toolchain.convert.model import architecture_config
+) -> tuple[ModelManifest, ConvertReport]:
+    from retrieval.toolchain.convert.checkpoint import model_from_options
     from retrieval.toolchain.convert.pipeline import convert_model
 
-    if (checkpoint is None) == (not random_init):
-        raise InvalidInput("give exactly one of --checkpoint FILE.pt or --random-init (or --from-cnclip-onnx PREFIX)")
-    if arch and config_path:
-        raise InvalidInput("give --arch or --config, not both")
-    embedded, state = load_checkpoint(checkpoint) if checkpoint else (None, None)
-    if config_path:
-        try:
-            config = json.loads(config_path.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise InvalidInput(f"cannot read --config {config_path}: {exc}") from exc
-        arch_name = config_path.stem
-    elif arch:
-        try:
-            config = architecture_config(arch)
-        except ValueError as exc:
-            raise InvalidInput(str(exc)) from exc
-        arch_name = arch
-    elif embedded is not None:
-        config, arch_name = embedded, str(embedded.get("name", "custom"))
-    else:
-        raise InvalidInput(f"give --arch ({', '.join(ARCH_NAMES)}) or --config FILE.json")
-    torch.manual_seed(seed)
-    model = build_model(config, state)
-    if random_init:
-        vary_constant_parameters(model)
-    source = {"checkpoint": checkpoint.name if checkpoint else None, "random_init": random_init}
+    model, arch_name, source = model_from_options(arch, config_path, checkpoint, random_init, seed)
     with console.status("converting") as status:
         return convert_model(
             model,

@@ -9,6 +9,7 @@ demo trainer writes one so that `cnclip convert --checkpoint` needs no `--arch`.
 
 from __future__ import annotations
 
+import json
 import pickle
 import zipfile
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 
 import torch
 
-from retrieval.errors import ModelError
+from retrieval.errors import InvalidInput, ModelError
 from retrieval.toolchain.convert.model import CLIP
 
 StateDict = dict[str, torch.Tensor]
@@ -94,3 +95,40 @@ def build_model(config: dict[str, Any], state_dict: StateDict | None = None) -> 
             )
         model.load_state_dict(state_dict, strict=True)
     return model.eval()
+
+
+def model_from_options(
+    arch: str | None, config_path: Path | None, checkpoint: Path | None, random_init: bool, seed: int
+) -> tuple[CLIP, str, dict[str, Any]]:
+    """`cnclip convert`'s model: (the CLIP, its architecture name, where its weights came from), from
+    exactly one of a checkpoint or random weights, and an architecture named by `--arch`, read from
+    `--config` or carried by the checkpoint. `InvalidInput` says which option is missing or wrong."""
+    from retrieval.toolchain.convert import ARCH_NAMES
+    from retrieval.toolchain.convert.model import architecture_config
+
+    if (checkpoint is None) == (not random_init):
+        raise InvalidInput("give exactly one of --checkpoint FILE.pt or --random-init (or --from-cnclip-onnx PREFIX)")
+    if arch and config_path:
+        raise InvalidInput("give --arch or --config, not both")
+    embedded, state = load_checkpoint(checkpoint) if checkpoint else (None, None)
+    if config_path:
+        try:
+            config = json.loads(config_path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise InvalidInput(f"cannot read --config {config_path}: {exc}") from exc
+        arch_name = config_path.stem
+    elif arch:
+        try:
+            config = architecture_config(arch)
+        except ValueError as exc:
+            raise InvalidInput(str(exc)) from exc
+        arch_name = arch
+    elif embedded is not None:
+        config, arch_name = embedded, str(embedded.get("name", "custom"))
+    else:
+        raise InvalidInput(f"give --arch ({', '.join(ARCH_NAMES)}) or --config FILE.json")
+    torch.manual_seed(seed)
+    model = build_model(config, state)
+    if random_init:
+        vary_constant_parameters(model)
+    return model, arch_name, {"checkpoint": checkpoint.name if checkpoint else None, "random_init": random_init}
