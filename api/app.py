@@ -6,8 +6,8 @@ what it opened."""
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI
@@ -35,10 +35,10 @@ log = logging.getLogger("cnclip.api")
 WEB_DIR = Path(__file__).resolve().parent.parent / "web"
 
 
-def create_app(settings: Settings, encoder: Encoder | None = None, catalog: Catalog | None = None) -> FastAPI:
-    """Build the service. `encoder` / `catalog` are injected by tests; otherwise the lifespan
-    opens them from `settings` (and closes them on shutdown)."""
-    metrics = ServiceMetrics()
+def _lifespan(
+    settings: Settings, metrics: ServiceMetrics, encoder: Encoder | None, catalog: Catalog | None
+) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """The app's lifespan: the composition root opened for a server, its parts on `app.state`."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -69,6 +69,15 @@ def create_app(settings: Settings, encoder: Encoder | None = None, catalog: Cata
             finally:
                 app.state.runtime = app.state.service = app.state.encoder = None
 
+    return lifespan
+
+
+def create_app(settings: Settings, encoder: Encoder | None = None, catalog: Catalog | None = None) -> FastAPI:
+    """Build the service. `encoder` / `catalog` are injected by tests; otherwise the lifespan
+    opens them from `settings` (and closes them on shutdown)."""
+    metrics = ServiceMetrics()
+    lifespan = _lifespan(settings, metrics, encoder, catalog)
+
     app = FastAPI(
         title="cnclip-search",
         summary="Cross-modal search with Chinese CLIP: text→image, image→text, image→image, zero-shot.",
@@ -90,6 +99,21 @@ def create_app(settings: Settings, encoder: Encoder | None = None, catalog: Cata
         app.include_router(module.router)
     app.include_router(kserve.router)  # KServe v2 / Triton HTTP protocol (/v2), see api/kserve.py
 
+    _serve_the_ui(app)
+    install_docs(app)
+
+    # The last added runs outermost: metrics time every request, including bodies the cap refuses.
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=max_request_bytes(settings))
+    app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
+    # Outermost: request id, body deadline, security headers, and the catch-all 500 for everything inside.
+    app.add_middleware(RequestGuardMiddleware, body_timeout_s=settings.body_read_timeout_s)
+    install_openapi(app)
+    return app
+
+
+def _serve_the_ui(app: FastAPI) -> None:
+    """The web UI: its page at `/`, the favicon browsers ask for, the static files under `/static`."""
+
     @app.get("/", include_in_schema=False)
     async def index() -> FileResponse:
         return FileResponse(WEB_DIR / "index.html", headers={"Cache-Control": "no-cache"})
@@ -102,12 +126,3 @@ def create_app(settings: Settings, encoder: Encoder | None = None, catalog: Cata
         )
 
     app.mount("/static", StaticFiles(directory=WEB_DIR), name="static")
-    install_docs(app)
-
-    # The last added runs outermost: metrics time every request, including bodies the cap refuses.
-    app.add_middleware(BodySizeLimitMiddleware, max_bytes=max_request_bytes(settings))
-    app.add_middleware(RequestMetricsMiddleware, metrics=metrics)
-    # Outermost: request id, body deadline, security headers, and the catch-all 500 for everything inside.
-    app.add_middleware(RequestGuardMiddleware, body_timeout_s=settings.body_read_timeout_s)
-    install_openapi(app)
-    return app

@@ -40,7 +40,12 @@ class ServiceMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
+        # In this order in the scrape: counters and caches, histograms, gauges.
+        self._add_counters(self.registry)
+        self._add_histograms(self.registry)
+        self._add_gauges(self.registry)
+
+    def _add_counters(self, r: CollectorRegistry) -> None:
         self.requests = Counter(
             "cnclip_http_requests_total",
             "HTTP requests by route template and status.",
@@ -66,6 +71,8 @@ class ServiceMetrics:
         r.register(self.label_cache)
         self.query_cache = _CacheCollector("cnclip_query_cache", "Text embeddings", {"tower": "text"})
         r.register(self.query_cache)
+
+    def _add_histograms(self, r: CollectorRegistry) -> None:
         self.request_seconds = Histogram(
             "cnclip_http_request_duration_seconds",
             "HTTP request latency by route template.",
@@ -101,6 +108,8 @@ class ServiceMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+
+    def _add_gauges(self, r: CollectorRegistry) -> None:
         self.queue_depth = Gauge("cnclip_batcher_queue_depth", "Items waiting in the batcher.", ["tower"], registry=r)
         self.collection_items = Gauge(
             "cnclip_collection_items", "Items per collection.", ["collection", "kind"], registry=r

@@ -22,7 +22,6 @@ if TYPE_CHECKING:
     from retrieval.toolchain.convert.report import ConvertReport
 
 
-
 def _int_list(text: str, what: str) -> list[int]:
     try:
         values = [int(x) for x in text.split(",") if x.strip()]

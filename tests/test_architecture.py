@@ -133,6 +133,7 @@ STORAGE = {
     for name in (
         "catalog", "rows", "engines", "faiss_store", "milvus_store", "milvus_plan", "sync", "store_pool",
         "vector_index", "vector_store", "db", "models", "media", "media_check", "media_sweep", "thumbnails",
+        "row_inserts",
     )
 }  # fmt: skip
 THROUGH_THE_SERVICE = ("api/", "cli/", "demo/", "indexer/pipeline.py", "indexer/texts.py", "indexer/routing.py")

@@ -16,6 +16,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnx
@@ -110,6 +111,49 @@ def _try_bucket(
     return candidate, method
 
 
+def _bucket_graphs(
+    original: onnx.ModelProto,
+    path: Path,
+    tower: str,
+    precision: str,
+    buckets: Sequence[int],
+    samples: Any,
+    reference: Any,
+    out: Path,
+    report: ConvertReport,
+    methods: set[str],
+    progress: Callable[[str], None],
+) -> tuple[dict[str, onnx.ModelProto], dict[int, str]]:
+    """One graph per bucket that reproduces `reference` (file name -> graph, bucket -> file name);
+    buckets whose graph fails are dropped with a note in `report` (bucket 1 must work)."""
+    graphs: dict[str, onnx.ModelProto] = {}
+    kept: dict[int, str] = {}
+    dropped: list[int] = []
+    for bucket in sorted(set(buckets) | {1}):
+        progress(f"{tower} {precision} b{bucket}")
+        attempt = _try_bucket(original, tower, precision, bucket, samples, reference, out)
+        if attempt is None and bucket != 1:
+            dropped.append(bucket)
+            continue
+        if attempt is None:
+            raise ModelError(f"{path}: the simplified batch-1 graph does not reproduce the original")
+        candidate, method = attempt
+        methods.add(method)
+        if bucket == 1 and tower not in report.ops:
+            report.ops[tower] = {"bucket": 1, "before": op_counts(original), "after": op_counts(candidate)}
+        file = f"{tower}.{precision}.b{bucket}.onnx"
+        graphs[file] = candidate
+        kept[bucket] = file
+    if dropped and list(kept) == [1]:
+        report.notes.append(
+            f"{tower} {precision}: bucket 1 only — the exporter baked batch 1 into the graph's reshapes "
+            f"(batch {', '.join(map(str, dropped))} cannot run); requests run one item at a time"
+        )
+    elif dropped:
+        report.notes.append(f"{tower} {precision}: buckets {', '.join(map(str, dropped))} dropped (graph fails)")
+    return graphs, kept
+
+
 def wrap_cnclip_onnx(
     prefix: str | Path,
     out: Path,
@@ -130,7 +174,7 @@ def wrap_cnclip_onnx(
     data_files: list[str] = []
     image_size = embed_dim = 0
     context_length = 52
-    methods = set()
+    methods: set[str] = set()
     for tower, paths in found.items():
         for precision, path in paths.items():
             original = _load(path)
@@ -145,33 +189,9 @@ def wrap_cnclip_onnx(
             except (Fail, InvalidArgument, InvalidGraph, RuntimeException) as exc:
                 raise ModelError(f"ONNX Runtime cannot run {path}: {exc}") from exc
             embed_dim = reference.shape[1]
-            graphs: dict[str, onnx.ModelProto] = {}
-            kept: dict[int, str] = {}
-            dropped: list[int] = []
-            for bucket in sorted(set(buckets) | {1}):
-                progress(f"{tower} {precision} b{bucket}")
-                attempt = _try_bucket(original, tower, precision, bucket, samples, reference, out)
-                if attempt is None and bucket != 1:
-                    dropped.append(bucket)
-                    continue
-                if attempt is None:
-                    raise ModelError(f"{path}: the simplified batch-1 graph does not reproduce the original")
-                candidate, method = attempt
-                methods.add(method)
-                if bucket == 1 and tower not in report.ops:
-                    report.ops[tower] = {"bucket": 1, "before": op_counts(original), "after": op_counts(candidate)}
-                file = f"{tower}.{precision}.b{bucket}.onnx"
-                graphs[file] = candidate
-                kept[bucket] = file
-            if dropped and list(kept) == [1]:
-                report.notes.append(
-                    f"{tower} {precision}: bucket 1 only — the exporter baked batch 1 into the graph's reshapes "
-                    f"(batch {', '.join(map(str, dropped))} cannot run); requests run one item at a time"
-                )
-            elif dropped:
-                report.notes.append(
-                    f"{tower} {precision}: buckets {', '.join(map(str, dropped))} dropped (graph fails)"
-                )
+            graphs, kept = _bucket_graphs(
+                original, path, tower, precision, buckets, samples, reference, out, report, methods, progress
+            )
             save_sharing_weights(graphs, out, f"{tower}.{precision}.data")
             data_files.append(f"{tower}.{precision}.data")
             towers.setdefault(tower, {})[precision] = kept

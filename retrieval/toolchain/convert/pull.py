@@ -122,21 +122,12 @@ def download(
             if response.status_code == 416 and offset:  # the .part is already complete (or longer than the file)
                 part.unlink()
                 return download(url, target, sha256, on_progress, timeout)
-            if response.status_code == 404:
-                raise DownloadError(f"not found (HTTP 404): {url} — check the model name or CNCLIP_MODEL_BASE_URL")
-            if response.status_code >= 400:
-                raise DownloadError(f"HTTP {response.status_code} from {host} for {url}")
+            _check_response(response, url, host)
             if offset and response.status_code != 206:
                 offset = 0  # the server ignored the Range header: start again
             total = _total_size(response, offset)
             expected = (sha256 or _expected_sha256(response) or "").lower() or None
-            if total is not None:
-                free = shutil.disk_usage(target.parent).free
-                if total - offset > free:
-                    raise DownloadError(
-                        f"disk full: {target.parent} has {free / 1e9:.2f} GB free, "
-                        f"the download needs {(total - offset) / 1e9:.2f} GB more"
-                    )
+            _check_room(target.parent, total, offset)
             digest = _hash_prefix(part) if offset else hashlib.sha256()
             report = on_progress or (lambda _done, _total: None)
             done = offset
@@ -159,15 +150,37 @@ def download(
                 f"disk full while writing {part}; free space and run the command again to resume"
             ) from exc
         raise DownloadError(f"cannot write {part}: {exc}") from exc
+    _check_complete(part, target, total, digest.hexdigest(), expected)
+    part.replace(target)
+    return target
+
+
+def _check_response(response: httpx.Response, url: str, host: str) -> None:
+    if response.status_code == 404:
+        raise DownloadError(f"not found (HTTP 404): {url} — check the model name or CNCLIP_MODEL_BASE_URL")
+    if response.status_code >= 400:
+        raise DownloadError(f"HTTP {response.status_code} from {host} for {url}")
+
+
+def _check_room(folder: Path, total: int | None, offset: int) -> None:
+    """A disk too small for what is left to download is said before anything is written."""
+    if total is None:
+        return
+    free = shutil.disk_usage(folder).free
+    if total - offset > free:
+        raise DownloadError(
+            f"disk full: {folder} has {free / 1e9:.2f} GB free, the download needs {(total - offset) / 1e9:.2f} GB more"
+        )
+
+
+def _check_complete(part: Path, target: Path, total: int | None, actual: str, expected: str | None) -> None:
+    """The size the server stated and the sha256 it (or --sha256) stated; a corrupt file is deleted."""
     size = part.stat().st_size
     if total is not None and size != total:
         raise DownloadError(f"incomplete download: {size} of {total} bytes; run the command again to resume")
-    actual = digest.hexdigest()
     if expected and actual != expected:
         part.unlink()
         raise DownloadError(
             f"checksum mismatch for {target.name}: got sha256 {actual[:16]}…, expected {expected[:16]}… "
             "— the corrupt file was deleted; run the command again"
         )
-    part.replace(target)
-    return target

@@ -63,49 +63,64 @@ def _relax_batch(model: onnx.ModelProto, bucket: int) -> onnx.ModelProto:
     new_nodes: list[tuple[int, list[onnx.NodeProto]]] = []
     for position, node in enumerate(graph.node):
         if node.op_type == "Reshape" and node.input[1] in constants:
-            tensor = constants[node.input[1]]
-            shape = onnx.numpy_helper.to_array(tensor).astype(np.int64)
-            multiples = [i for i, v in enumerate(shape.tolist()) if v >= bucket and v % bucket == 0]
-            if shape.ndim == 1 and multiples and -1 not in shape.tolist():
-                shape[multiples[0]] = -1
-            elif shape.ndim == 1 and shape.size and shape[0] == bucket:
-                shape[0] = 0  # already has its -1 ([b, 64, -1]): 0 copies the input's (batch) dimension
-            tensor.CopyFrom(onnx.numpy_helper.from_array(shape, tensor.name))
-            continue
-        if node.op_type not in _ELEMENTWISE | {"Concat"}:
-            continue
-        for slot, name in enumerate(node.input):
-            if name not in constants:
-                continue
-            array = onnx.numpy_helper.to_array(constants[name])
-            if array.ndim < 2 or array.shape[0] != bucket or not np.array_equal(array, np.repeat(array[:1], bucket, 0)):
-                continue
-            row_name = f"{name}__row"
-            if row_name not in constants:
-                row = onnx.numpy_helper.from_array(np.ascontiguousarray(array[:1]), row_name)
-                graph.initializer.append(row)
-                constants[row_name] = row
-            if node.op_type in _ELEMENTWISE:
-                node.input[slot] = row_name
-                continue
-            # Concat: expand the row to the batch of the first non-constant input.
-            batch_source = next((i for i in node.input if i not in constants), None)
-            if batch_source is None:
-                continue
-            prefix = f"{node.name or name}__batch"
-            rest = onnx.numpy_helper.from_array(np.array(array.shape[1:], np.int64), f"{prefix}_rest")
-            graph.initializer.append(rest)
-            expanded = [
-                onnx.helper.make_node("Shape", [batch_source], [f"{prefix}_shape"], start=0, end=1),
-                onnx.helper.make_node("Concat", [f"{prefix}_shape", rest.name], [f"{prefix}_dims"], axis=0),
-                onnx.helper.make_node("Expand", [row_name, f"{prefix}_dims"], [f"{prefix}_value"]),
-            ]
-            new_nodes.append((position, expanded))
-            node.input[slot] = f"{prefix}_value"
+            _relax_reshape(constants[node.input[1]], bucket)
+        elif node.op_type in _ELEMENTWISE | {"Concat"}:
+            new_nodes += [(position, nodes) for nodes in _one_row_constants(graph, node, constants, bucket)]
     for position, nodes in reversed(new_nodes):  # insert before their consumer, keeping topological order
         for offset, extra in enumerate(nodes):
             graph.node.insert(position + offset, extra)
     return relaxed
+
+
+def _relax_reshape(tensor: onnx.TensorProto, bucket: int) -> None:
+    """A Reshape target with the batch baked in: the multiple of the batch becomes -1 (or a leading
+    batch 0, when the target already has its -1)."""
+    shape = onnx.numpy_helper.to_array(tensor).astype(np.int64)
+    multiples = [i for i, v in enumerate(shape.tolist()) if v >= bucket and v % bucket == 0]
+    if shape.ndim == 1 and multiples and -1 not in shape.tolist():
+        shape[multiples[0]] = -1
+    elif shape.ndim == 1 and shape.size and shape[0] == bucket:
+        shape[0] = 0  # already has its -1 ([b, 64, -1]): 0 copies the input's (batch) dimension
+    tensor.CopyFrom(onnx.numpy_helper.from_array(shape, tensor.name))
+
+
+def _one_row_constants(
+    graph: onnx.GraphProto, node: onnx.NodeProto, constants: dict[str, onnx.TensorProto], bucket: int
+) -> list[list[onnx.NodeProto]]:
+    """Replace the constant inputs of `node` that repeat one row `bucket` times by that row: left to
+    broadcasting in Add/Sub/Mul/Div, expanded to the batch at run time in a Concat. Returns the nodes
+    to insert before `node` (one list per expanded input)."""
+    inserted: list[list[onnx.NodeProto]] = []
+    for slot, name in enumerate(node.input):
+        if name not in constants:
+            continue
+        array = onnx.numpy_helper.to_array(constants[name])
+        if array.ndim < 2 or array.shape[0] != bucket or not np.array_equal(array, np.repeat(array[:1], bucket, 0)):
+            continue
+        row_name = f"{name}__row"
+        if row_name not in constants:
+            row = onnx.numpy_helper.from_array(np.ascontiguousarray(array[:1]), row_name)
+            graph.initializer.append(row)
+            constants[row_name] = row
+        if node.op_type in _ELEMENTWISE:
+            node.input[slot] = row_name
+            continue
+        # Concat: expand the row to the batch of the first non-constant input.
+        batch_source = next((i for i in node.input if i not in constants), None)
+        if batch_source is None:
+            continue
+        prefix = f"{node.name or name}__batch"
+        rest = onnx.numpy_helper.from_array(np.array(array.shape[1:], np.int64), f"{prefix}_rest")
+        graph.initializer.append(rest)
+        inserted.append(
+            [
+                onnx.helper.make_node("Shape", [batch_source], [f"{prefix}_shape"], start=0, end=1),
+                onnx.helper.make_node("Concat", [f"{prefix}_shape", rest.name], [f"{prefix}_dims"], axis=0),
+                onnx.helper.make_node("Expand", [row_name, f"{prefix}_dims"], [f"{prefix}_value"]),
+            ]
+        )
+        node.input[slot] = f"{prefix}_value"
+    return inserted
 
 
 def _sample_inputs(tower: str, model: onnx.ModelProto, rows: int) -> np.ndarray:
