@@ -237,3 +237,41 @@ def test_checker_sees_the_core_importing_the_toolchain(tmp_path: Path) -> None:
     sample = tmp_path / "encoder.py"
     sample.write_text("def f():\n    from retrieval.toolchain.convert import model\n")
     assert toolchain_imports(sample) == {"retrieval.toolchain.convert", "retrieval.toolchain.convert.model"}
+
+
+# --- short modules and functions ---------------------------------------------------------------------------
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+SIZED = ("api", "benchmarks", "cli", "demo", "indexer", "migrations", "retrieval")
+
+
+def too_long(path: Path) -> list[str]:
+    """The module, if it has more than MAX_MODULE_LINES lines, and every function (a method, a nested
+    one) longer than MAX_FUNCTION_LINES, from its `def` to its last line."""
+    text = path.read_text(encoding="utf-8")
+    found = []
+    if len(text.splitlines()) > MAX_MODULE_LINES:
+        found.append(f"{len(text.splitlines())} lines")
+    for node in ast.walk(ast.parse(text, filename=str(path))):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            length = (node.end_lineno or node.lineno) - node.lineno + 1
+            if length > MAX_FUNCTION_LINES:
+                found.append(f"{node.name}() {length} lines")
+    return found
+
+
+def test_modules_and_functions_are_short() -> None:
+    offenders = [f"{_rel(path)}: {', '.join(found)}" for path in _python_files(*SIZED) if (found := too_long(path))]
+    assert not offenders, "split these by responsibility:\n" + "\n".join(offenders)
+
+
+def test_checker_sees_a_long_module_and_a_long_function(tmp_path: Path) -> None:
+    body = "\n".join(f"        x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    sample = tmp_path / "long.py"
+    sample.write_text(
+        f"def short():\n    return 1\n\n\nclass C:\n    def long(self):\n{body}\n" + "\n" * MAX_MODULE_LINES
+    )
+    assert too_long(sample) == [
+        f"{MAX_MODULE_LINES + MAX_FUNCTION_LINES + 6} lines",
+        f"long() {MAX_FUNCTION_LINES + 1} lines",
+    ]
