@@ -51,7 +51,7 @@ from indexer.types import (
     TakenSource,
 )
 from indexer.use_cases import UseCases
-from retrieval.errors import Conflict, EncoderUnavailable, InvalidInput, NotFound
+from retrieval.errors import Conflict, EncoderUnavailable, InvalidImage, InvalidInput, NotFound
 from retrieval.manifest import same_model
 from retrieval.preprocess import DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS, ImageHeader, read_header
 from retrieval.types import Encoder
@@ -259,15 +259,15 @@ class CollectionService(UseCases):
 
     def complete(self, image: NewImage, header: ImageHeader | None = None) -> NewImage:
         """`image` with its header's facts and its date filled in (one header read, when needed)."""
-        if image.mime is not None and image.taken_at is not None:
-            return image
-        if header is None:
-            header = read_header(image.data, self.max_image_bytes, self.max_image_pixels)
+        if image.mime is None:
+            header = header or read_header(image.data, self.max_image_bytes, self.max_image_pixels)
+            image = replace(image, mime=header.mime, width=header.width, height=header.height)
         if image.taken_at is None:
+            if header is None:  # only the date is missing: bytes whose header cannot be read date by mtime/now
+                with contextlib.suppress(InvalidImage):
+                    header = read_header(image.data, self.max_image_bytes, self.max_image_pixels)
             taken_at, taken_source = taken_from(header, image.mtime)
             image = replace(image, taken_at=taken_at, taken_source=taken_source)
-        if image.mime is None:
-            image = replace(image, mime=header.mime, width=header.width, height=header.height)
         return image
 
     def set_taken(self, name: str, updates: Sequence[tuple[int, datetime, TakenSource]]) -> None:
