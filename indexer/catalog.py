@@ -1,5 +1,7 @@
-"""The catalog: SQL (indexer/rows.py) is the source of truth, a vector engine (FAISS or Milvus,
-indexer/vector_store.py) the derived search structure, kept equal to SQL by indexer/sync.py.
+"""The catalog: SQL (indexer/rows.py) is the source of truth, a vector engine (FAISS or Milvus, chosen
+from the registry in indexer/engines.py, behind indexer/vector_store.py's protocols) the derived
+search structure, kept equal to SQL by indexer/sync.py. The collection service (indexer/service.py)
+is its one caller besides tests: the catalog stores what it is given, the service owns the rules.
 
 Write protocol: one SQL transaction commits the rows, their vectors and the collection's new
 version; then this process's store of that collection, if it has one open, catches up. Other

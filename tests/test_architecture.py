@@ -166,6 +166,28 @@ def test_checker_sees_storage_reached_around_the_service(tmp_path: Path) -> None
     assert storage_reached_around_the_service(door) == set()
 
 
+def catalog_reach_through(path: Path) -> list[int]:
+    """Lines where a file reaches the catalog behind an object (`service.catalog`, `rt.catalog`): no
+    import needed, so the import rule alone would not see it."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    return sorted(n.lineno for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr in ("catalog", "rows"))
+
+
+def test_no_reach_through_the_service_to_the_catalog() -> None:
+    offenders = [
+        f"{_rel(path)}: lines {lines}"
+        for path in _python_files("api", "cli", "demo", "indexer")
+        if _rel(path).startswith(THROUGH_THE_SERVICE) and (lines := catalog_reach_through(path))
+    ]
+    assert not offenders, "the catalog reached behind the service:\n" + "\n".join(offenders)
+
+
+def test_checker_sees_a_reach_through(tmp_path: Path) -> None:
+    sample = tmp_path / "route.py"
+    sample.write_text("def f(service):\n    service.search('x')\n    return service.catalog.get(1)\n")
+    assert catalog_reach_through(sample) == [3]
+
+
 # --- engines are chosen in the registry only ------------------------------------------------------------
 # The registry and the engines' own modules may name engines; nothing else branches on a name.
 ENGINE_MODULES = ("indexer/engines.py", "indexer/faiss_store.py", "indexer/milvus_store.py", "indexer/milvus_plan.py")
