@@ -8,7 +8,7 @@ __all__ = ["create_app"]
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy, so that `cnclip --help` (which imports api.cli) does not import FastAPI.
+    # Lazy, so that importing a light module of `api` (the CLI reads `api.config`) does not import FastAPI.
     if name == "create_app":
         from api.app import create_app
 

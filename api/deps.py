@@ -1,6 +1,7 @@
-"""Dependencies the routes declare with `Annotated`: the app's settings, encoder, catalog and
-stores (all from `app.state`, set by the lifespan), API-key checks, and `run_blocking` (api/blocking.py)
-for the catalog's synchronous calls: SQL and FAISS never run on the event loop."""
+"""Dependencies the routes declare with `Annotated`: the app's settings, encoder, collection service
+(the one door to storage) and stores (all from `app.state`, set by the lifespan), API-key checks, and
+`run_blocking` (api/blocking.py) for the service's synchronous calls: SQL and the vector engine never
+run on the event loop."""
 
 from __future__ import annotations
 
@@ -15,7 +16,6 @@ from api.errors import Unauthorized
 from api.label_store import LabelSetStore
 from api.metrics import ServiceMetrics
 from indexer.service import CollectionService
-from indexer.types import Catalog
 from retrieval.errors import EncoderUnavailable
 from retrieval.types import Encoder
 
@@ -29,13 +29,6 @@ async def _encoder(request: Request) -> Encoder:
     if encoder is None or not encoder.ready:
         raise EncoderUnavailable("the model is not loaded yet; retry in a moment")
     return encoder
-
-
-async def _catalog(request: Request) -> Catalog:
-    catalog = getattr(request.app.state, "catalog", None)
-    if catalog is None:
-        raise EncoderUnavailable("the catalog is not open yet; retry in a moment")
-    return catalog
 
 
 async def _metrics(request: Request) -> ServiceMetrics:
@@ -86,7 +79,6 @@ async def require_read_key(request: Request) -> None:
 
 SettingsDep = Annotated[Settings, Depends(_settings)]
 EncoderDep = Annotated[Encoder, Depends(_encoder)]
-CatalogDep = Annotated[Catalog, Depends(_catalog)]
 MetricsDep = Annotated[ServiceMetrics, Depends(_metrics)]
 LabelSetsDep = Annotated[LabelSetStore, Depends(_label_sets)]
 CollectionsDep = Annotated[CollectionService, Depends(_collections)]

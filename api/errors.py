@@ -22,10 +22,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from indexer.db import DatabaseUnavailable
-from indexer.disk_full import StorageFull
-from indexer.media_check import MediaChanged
-from indexer.vector_store import VectorStoreBusy, VectorStoreIncompatible, VectorStoreUnavailable
+from indexer.errors import (
+    DatabaseUnavailable,
+    MediaChanged,
+    StorageFull,
+    VectorStoreBusy,
+    VectorStoreIncompatible,
+    VectorStoreUnavailable,
+)
 from retrieval.errors import (
     CnclipError,
     Conflict,

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError
 from importlib.metadata import version as dist_version
 from typing import Any
@@ -40,8 +39,9 @@ from api.blocking import run_blocking
 from api.body_budget import INLINE_PARSE_BYTES
 from api.deps import require_read_key
 from api.errors import allowed_methods, http_status, public_message, retry_headers
+from api.kserve_config import PLATFORM, model_config
+from api.kserve_stats import model_stats_of
 from api.kserve_tensors import (
-    MAX_BATCH,
     MODEL_VERSION,
     MODELS,
     BadRequest,
@@ -58,9 +58,7 @@ from api.kserve_tensors import (
 )
 from retrieval.errors import CnclipError, InvalidInput, NotFound, PayloadTooLarge
 
-PLATFORM = "cnclip"  # metadata `platform` and config `backend`: our batcher and ONNX Runtime sessions
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "statistics", "parameters"]
-_CONFIG_TYPES = {"INT64": "TYPE_INT64", "FP32": "TYPE_FP32", "BYTES": "TYPE_STRING"}
 
 
 router = APIRouter(prefix="/v2", tags=["kserve-v2"])
@@ -97,71 +95,6 @@ def _is_ready(request: Request) -> bool:
     return encoder is not None and bool(encoder.ready)
 
 
-# --- statistics ---------------------------------------------------------------------------------------
-
-
-_STAGES = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output", "cache_hit", "cache_miss")
-_BATCH_STAGES = ("compute_input", "compute_infer", "compute_output")
-
-
-def _duration() -> dict[str, int]:
-    return {"count": 0, "ns": 0}
-
-
-@dataclass
-class ModelStats:
-    """Triton's per-model statistics, counted per request.
-
-    The encoder's batcher is shared with /v1 and merges requests of both, so `execution_count`
-    counts requests (not batches) and `batch_stats` is keyed by the request's batch size. The
-    batcher's queue wait is inside `compute_infer` (it is not timed per request), so `queue` is 0.
-    """
-
-    last_inference: int = 0  # ms since the epoch
-    inference_count: int = 0  # items
-    execution_count: int = 0
-    stages: dict[str, dict[str, int]] = field(default_factory=lambda: {k: _duration() for k in _STAGES})
-    batches: dict[int, dict[str, dict[str, int]]] = field(default_factory=dict)
-
-    def add(self, stage: str, ns: int, stages: dict[str, dict[str, int]] | None = None) -> None:
-        entry = (self.stages if stages is None else stages)[stage]
-        entry["count"] += 1
-        entry["ns"] += ns
-
-    def success(self, items: int, input_ns: int, infer_ns: int, output_ns: int) -> None:
-        self.last_inference = time.time_ns() // 1_000_000
-        self.inference_count += items
-        self.execution_count += 1
-        self.add("success", input_ns + infer_ns + output_ns)
-        self.add("queue", 0)
-        batch = self.batches.setdefault(items, {k: _duration() for k in _BATCH_STAGES})
-        for stage, ns in zip(_BATCH_STAGES, (input_ns, infer_ns, output_ns), strict=True):
-            self.add(stage, ns)
-            self.add(stage, ns, batch)
-
-    def to_json(self, name: str) -> dict[str, Any]:
-        return {
-            "name": name,
-            "version": MODEL_VERSION,
-            "last_inference": self.last_inference,
-            "inference_count": self.inference_count,
-            "execution_count": self.execution_count,
-            "inference_stats": self.stages,
-            "response_stats": {},
-            "batch_stats": [{"batch_size": size, **stages} for size, stages in sorted(self.batches.items())],
-            "memory_usage": [],
-        }
-
-
-def _stats(request: Request) -> dict[str, ModelStats]:
-    """This app's statistics (kept on app.state, so two apps in one process never share them)."""
-    state = request.app.state
-    stats = getattr(state, "v2_stats", None)
-    if stats is None:
-        stats = state.v2_stats = {name: ModelStats() for name in MODELS}
-    return stats
-
-
 # --- inference (first: the hot route is matched before the others are tried) ----------------------
 
 
@@ -177,7 +110,7 @@ async def infer(request: Request) -> Response:
         model = _served(name, version)
     except CnclipError as exc:
         return _error_response(exc)
-    stats = _stats(request)[model.name]
+    stats = model_stats_of(request)[model.name]
     try:
         # Inference is a read: it needs the API key only when reads do. Health stays open for load balancers.
         await require_read_key(request)
@@ -258,7 +191,7 @@ async def all_stats(request: Request) -> Response:
         await require_read_key(request)
     except CnclipError as exc:
         return _error_response(exc)
-    stats = _stats(request)
+    stats = model_stats_of(request)
     return JSONResponse({"model_stats": [stats[name].to_json(name) for name in sorted(MODELS)]})
 
 
@@ -284,87 +217,6 @@ async def model_metadata(request: Request, name: str, version: str | None = None
             "outputs": [{"name": model.output_name, "datatype": "FP32", "shape": [-1, int(encoder.dim)]}],
         }
     )
-
-
-def model_config(model: ServedModel, encoder: Any, settings: Any) -> dict[str, Any]:
-    """The model's configuration as Triton's `GET .../config` returns it (JSON of `ModelConfig`).
-
-    Names, data types and dims are those `cnclip export-triton` writes into config.pbtxt;
-    `max_batch_size` is this server's per-request limit, the preferred batch sizes are the encoder's
-    buckets and the instance group its streams on its provider.
-    """
-    buckets = list(getattr(encoder, "buckets", {}).get(model.tower) or getattr(settings, "buckets", None) or [1])
-    provider = getattr(getattr(encoder, "provider", None), "name", None) or "remote"
-    precision = getattr(encoder, "precision", {}).get(model.tower, "")
-    device = int(getattr(settings, "device_id", 0) or 0)
-    kind = {"cpu": "KIND_CPU", "cuda": "KIND_GPU"}.get(provider, "KIND_MODEL")  # Triton has no NPU kind
-    config: dict[str, Any] = {
-        "name": model.name,
-        "platform": PLATFORM,
-        "backend": PLATFORM,
-        "runtime": "",
-        "version_policy": {"latest": {"num_versions": 1}},
-        "max_batch_size": MAX_BATCH,
-        "input": [
-            {
-                "name": model.input_name,
-                "data_type": _CONFIG_TYPES[model.datatype],
-                "format": "FORMAT_NONE",
-                "dims": model.input_dims(encoder),
-                "is_shape_tensor": False,
-                "allow_ragged_batch": False,
-                "optional": False,
-                "is_non_linear_format_io": False,
-            }
-        ],
-        "output": [
-            {
-                "name": model.output_name,
-                "data_type": "TYPE_FP32",
-                "dims": [int(encoder.dim)],
-                "label_filename": "",
-                "is_shape_tensor": False,
-                "is_non_linear_format_io": False,
-            }
-        ],
-        "batch_input": [],
-        "batch_output": [],
-        "optimization": {
-            "priority": "PRIORITY_DEFAULT",
-            "input_pinned_memory": {"enable": True},
-            "output_pinned_memory": {"enable": True},
-            "gather_kernel_buffer_threshold": 0,
-            "eager_batching": False,
-        },
-    }
-    if getattr(settings, "dynamic_batching", True):
-        config["dynamic_batching"] = {
-            "preferred_batch_size": [b for b in buckets if b <= MAX_BATCH],
-            "max_queue_delay_microseconds": int(round(float(getattr(settings, "max_queue_delay_ms", 0.0)) * 1000)),
-            "preserve_ordering": False,
-            "priority_levels": 0,
-            "default_priority_level": 0,
-            "priority_queue_policy": {},
-        }
-    config["instance_group"] = [
-        {
-            "name": f"{model.name}_0",
-            "kind": kind,
-            "count": int(getattr(settings, "streams", 1) or 1),
-            "gpus": [device] if kind == "KIND_GPU" else [],
-            "secondary_devices": [],
-            "profile": [],
-            "passive": False,
-            "host_policy": "",
-        }
-    ]
-    config["default_model_filename"] = ""
-    config["cc_model_filenames"] = {}
-    config["metric_tags"] = {}
-    params = {"provider": provider, "precision": precision, "buckets": json.dumps(buckets)}
-    config["parameters"] = {k: {"string_value": str(v)} for k, v in params.items()}
-    config["model_warmup"] = []
-    return config
 
 
 @router.get("/models/{name}/config")
@@ -394,7 +246,7 @@ async def model_stats(request: Request, name: str, version: str | None = None) -
             raise BadRequest(f"requested model '{name}' is not available")
     except CnclipError as exc:
         return _error_response(exc)
-    return JSONResponse({"model_stats": [_stats(request)[name].to_json(name)]})
+    return JSONResponse({"model_stats": [model_stats_of(request)[name].to_json(name)]})
 
 
 @router.get("/models/{name}/ready")

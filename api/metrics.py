@@ -27,7 +27,7 @@ from prometheus_client.registry import Collector
 from starlette.routing import Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from indexer.types import Catalog
+from indexer.service import CollectionService
 from retrieval.types import TOWERS
 
 # Seconds; from sub-millisecond (fake encoder, cached search) to a slow CPU batch.
@@ -40,7 +40,12 @@ class ServiceMetrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        r = self.registry
+        # In this order in the scrape: counters and caches, histograms, gauges.
+        self._add_counters(self.registry)
+        self._add_histograms(self.registry)
+        self._add_gauges(self.registry)
+
+    def _add_counters(self, r: CollectorRegistry) -> None:
         self.requests = Counter(
             "cnclip_http_requests_total",
             "HTTP requests by route template and status.",
@@ -66,6 +71,8 @@ class ServiceMetrics:
         r.register(self.label_cache)
         self.query_cache = _CacheCollector("cnclip_query_cache", "Text embeddings", {"tower": "text"})
         r.register(self.query_cache)
+
+    def _add_histograms(self, r: CollectorRegistry) -> None:
         self.request_seconds = Histogram(
             "cnclip_http_request_duration_seconds",
             "HTTP request latency by route template.",
@@ -101,6 +108,8 @@ class ServiceMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=r,
         )
+
+    def _add_gauges(self, r: CollectorRegistry) -> None:
         self.queue_depth = Gauge("cnclip_batcher_queue_depth", "Items waiting in the batcher.", ["tower"], registry=r)
         self.collection_items = Gauge(
             "cnclip_collection_items", "Items per collection.", ["collection", "kind"], registry=r
@@ -125,16 +134,16 @@ class ServiceMetrics:
             self.stage_seconds.labels(route, stage).observe(ms / 1000.0)
 
     # --- scrape -----------------------------------------------------------------------------
-    def refresh(self, encoder: Any, catalog: Catalog | None) -> None:
+    def refresh(self, encoder: Any, service: CollectionService | None) -> None:
         """Read the gauges that live elsewhere. Blocking (SQL): call it from a worker thread."""
         queue_depth = getattr(encoder, "queue_depth", None)
         if callable(queue_depth):
             for tower in TOWERS:
                 self.queue_depth.labels(tower).set(queue_depth(tower))
-        if catalog is not None:
+        if service is not None:
             self.collection_items.clear()
             self.collection_vectors.clear()
-            for c in catalog.list_collections():
+            for c, _default in service.list_all():
                 self.collection_items.labels(c.name, c.kind).set(c.items)
                 self.collection_vectors.labels(c.name, c.kind).set(c.vectors)
 

@@ -10,7 +10,7 @@ from pathlib import PurePath
 
 from api.schemas import Filters, ItemOut, SearchResponse, SearchResult
 from indexer.file_names import printable
-from indexer.service import Found, SearchPage
+from indexer.results import Found, SearchPage
 from indexer.types import ItemRecord, SearchFilters
 
 

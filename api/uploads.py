@@ -4,22 +4,14 @@ so that bad uploads fail fast with 413/422 before any model or database work."""
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 
 from fastapi import UploadFile
 
 from api.config import Settings
 from retrieval.errors import InvalidImage, InvalidInput, PayloadTooLarge
-from retrieval.preprocess import probe_image
+from retrieval.preprocess import ImageHeader, read_header
 
 _CHUNK = 1 << 16
-
-
-@dataclass(frozen=True)
-class ImageHeader:
-    mime: str
-    width: int
-    height: int
 
 
 async def read_upload(file: UploadFile, max_bytes: int) -> bytes:
@@ -38,10 +30,10 @@ async def read_upload(file: UploadFile, max_bytes: int) -> bytes:
 
 
 def inspect_image(data: bytes, settings: Settings) -> ImageHeader:
-    """Format and size from the header (no pixel decoding), with the same rules the encoder's
-    preprocessing applies. Blocking: call from a worker thread."""
-    mime, width, height = probe_image(data, settings.max_image_bytes, settings.max_image_pixels)
-    return ImageHeader(mime, width, height)
+    """Format, size and EXIF date from the header (no pixel decoding), with the same rules the
+    encoder's preprocessing applies: the one header read of an upload, passed along to whoever needs
+    it. Blocking: call from a worker thread."""
+    return read_header(data, settings.max_image_bytes, settings.max_image_pixels)
 
 
 def parse_string_list(raw: str | None, field: str, max_items: int, max_chars: int) -> list[str] | None:

@@ -20,6 +20,7 @@ from api.deps import ReadAccess
 from api.errors import install_error_handlers
 from api.metrics import CONTENT_TYPE_LATEST, RequestMetricsMiddleware, ServiceMetrics
 from api.schemas import Health
+from indexer.runtime import open_runtime
 from retrieval.errors import EncoderUnavailable
 from retrieval.memory import return_large_frees_to_os
 from retrieval.types import Encoder
@@ -34,24 +35,20 @@ def create_worker_app(settings: Settings, encoder: Encoder | None = None) -> Fas
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        from retrieval.encoder import LocalEncoder
-
         return_large_frees_to_os()  # see retrieval/memory.py
-        own = encoder is None
         # The worker runs the model itself, whatever CNCLIP_ENCODER says: it is the remote end.
-        enc = LocalEncoder(settings, observer=metrics) if own else encoder
-        assert enc is not None
-        app.state.encoder = enc
-        metrics.query_cache.watch(getattr(enc, "query_cache", None))  # an injected encoder may have none
-        try:
-            if not enc.ready:
-                log.info("warming up the encoder (%s)", getattr(enc, "model_id", "?"))
-                await enc.start()
-            yield
-        finally:
-            app.state.encoder = None
-            if own:
-                await enc.close()
+        local = settings.model_copy(update={"encoder": "local"})
+        runtime = open_runtime(
+            local, catalog=False, encoder=True if encoder is None else encoder, warm=False, observer=metrics
+        )
+        async with runtime as rt:
+            app.state.encoder = rt.encoder
+            metrics.query_cache.watch(getattr(rt.encoder, "query_cache", None))  # an injected encoder may have none
+            try:
+                await rt.start_encoders()
+                yield
+            finally:
+                app.state.encoder = None
 
     app = FastAPI(
         title="cnclip-search worker",

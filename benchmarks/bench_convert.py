@@ -37,12 +37,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from benchmarks.int8_experiments import fused_int8, static_int8, variant_graph  # noqa: E402
 from benchmarks.peak import (  # noqa: E402
     LAYER_SHAPES,
     Peak,
@@ -57,11 +57,9 @@ from benchmarks.peak import (  # noqa: E402
     percent_of_peak,
 )
 from benchmarks.torch_baselines import BEST, Runner, best_of, model_config, random_model, torch_baselines  # noqa: E402
-from retrieval.convert.export import RAW_OUTPUT_NAMES  # noqa: E402
-from retrieval.convert.parity import PARITY_SENTENCES, cosines, run_in_buckets, sample_images, topk_overlap  # noqa: E402
-from retrieval.convert.quantize import append_l2_normalize, to_int8  # noqa: E402
 from retrieval.manifest import ModelManifest  # noqa: E402
 from retrieval.tokenizer import tokenize  # noqa: E402
+from retrieval.toolchain.convert.parity import PARITY_SENTENCES, cosines, run_in_buckets, sample_images, topk_overlap  # noqa: E402
 
 
 def session_runner(
@@ -91,115 +89,6 @@ def items_per_second(run: Runner, x: np.ndarray, seconds: float) -> float:
         # Two calls at least, unless one call alone outlasts two periods (bf16 autocast on a CPU without bf16).
         if elapsed >= seconds and (count >= 2 or elapsed >= 2 * seconds):
             return count * len(x) / elapsed
-
-
-def split_unsqueezes(model: onnx.ModelProto) -> onnx.ModelProto:
-    """Unsqueeze(axes=[1, 2]) → two single-axis Unsqueezes: the mask pattern ORT's BERT attention fusion expects."""
-    from onnx import helper, numpy_helper
-
-    graph = model.graph
-    constants = {t.name: numpy_helper.to_array(t) for t in graph.initializer}
-    constants.update(
-        {n.output[0]: numpy_helper.to_array(n.attribute[0].t) for n in graph.node if n.op_type == "Constant"}
-    )
-    nodes = []
-    for node in graph.node:
-        axes = constants.get(node.input[1]) if node.op_type == "Unsqueeze" and len(node.input) == 2 else None
-        if axes is None or axes.size != 2:
-            nodes.append(node)
-            continue
-        first, second = (
-            numpy_helper.from_array(np.array([a], dtype=np.int64), f"{node.name}_axis{i}") for i, a in enumerate(axes)
-        )
-        graph.initializer.extend([first, second])
-        middle = f"{node.output[0]}_first"
-        nodes.append(helper.make_node("Unsqueeze", [node.input[0], first.name], [middle]))
-        nodes.append(helper.make_node("Unsqueeze", [middle, second.name], [node.output[0]]))
-    del graph.node[:]
-    graph.node.extend(nodes)
-    return model
-
-
-def fused_int8(fp32_graph: Path, tower: str, config: dict, out: Path) -> Path:
-    """ORT's transformer optimizer (Attention/LayerNorm/GELU fusion) on the raw graph, then dynamic int8."""
-    from onnxruntime.transformers.optimizer import optimize_model
-
-    raw = split_unsqueezes(strip_normalisation(onnx.load(str(fp32_graph)), tower))
-    heads = (
-        config["text_num_attention_heads"]
-        if tower == "text"
-        else config["vision_width"] // config.get("vision_head_width", 64)
-    )
-    hidden = config["text_hidden_size"] if tower == "text" else config["vision_width"]
-    raw_path = out / f"{tower}.{fp32_graph.stem}.raw.onnx"
-    onnx.save_model(raw, str(raw_path))
-    optimized = optimize_model(
-        str(raw_path), model_type="bert" if tower == "text" else "vit", num_heads=heads, hidden_size=hidden
-    )
-    print(f"  fusion {tower}: {optimized.get_fused_operator_statistics()}")
-    quantized = to_int8(optimized.model)
-    path = out / f"{tower}.{fp32_graph.stem}.fused-int8.onnx"
-    onnx.save_model(append_l2_normalize(quantized, RAW_OUTPUT_NAMES[tower], f"{tower}_features"), str(path))
-    return path
-
-
-def strip_normalisation(model: onnx.ModelProto, tower: str) -> onnx.ModelProto:
-    """The graph without its final LpNormalization (back to the raw feature output)."""
-    graph = model.graph
-    last = graph.node[-1]
-    assert last.op_type == "LpNormalization", last.op_type
-    raw_name = last.input[0]
-    graph.node.remove(last)
-    out = graph.output[0]
-    out.name = raw_name
-    for node in graph.node:
-        for i, name in enumerate(node.output):
-            if name == raw_name:
-                node.output[i] = RAW_OUTPUT_NAMES[tower]
-    out.name = RAW_OUTPUT_NAMES[tower]
-    return model
-
-
-def static_int8(fp32_graph: Path, tower: str, out: Path, calibration: np.ndarray, batch: int) -> Path:
-    """Static QDQ int8 (activations too), calibrated with MinMax on sample inputs of the graph's batch."""
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
-
-    raw_path = out / f"{tower}.b{batch}.raw-static.onnx"
-    onnx.save_model(strip_normalisation(onnx.load(str(fp32_graph)), tower), str(raw_path))
-    name = "image" if tower == "image" else "text"
-    feeds = [{name: calibration[i : i + batch]} for i in range(0, len(calibration) - batch + 1, batch)]
-
-    class Reader(CalibrationDataReader):
-        def __init__(self) -> None:
-            self.items = iter(feeds)
-
-        def get_next(self) -> dict | None:
-            return next(self.items, None)
-
-    quantized_path = out / f"{tower}.b{batch}.static-q.onnx"
-    quantize_static(
-        str(raw_path),
-        str(quantized_path),
-        Reader(),
-        quant_format=QuantFormat.QDQ,
-        per_channel=True,
-        activation_type=QuantType.QUInt8,
-        weight_type=QuantType.QInt8,
-        op_types_to_quantize=["MatMul", "Conv"],
-    )
-    path = out / f"{tower}.b{batch}.static-int8.onnx"
-    quantized = onnx.load(str(quantized_path))
-    onnx.save_model(append_l2_normalize(quantized, RAW_OUTPUT_NAMES[tower], f"{tower}_features"), str(path))
-    return path
-
-
-def variant_graph(fp32_graph: Path, tower: str, out: Path, **int8_options: bool) -> Path:
-    raw = strip_normalisation(onnx.load(str(fp32_graph)), tower)
-    quantized = to_int8(raw, **int8_options)
-    suffix = "-".join(k for k, v in int8_options.items() if v is not None)
-    path = out / f"{tower}.{fp32_graph.stem}.int8-{suffix}.onnx"
-    onnx.save_model(append_l2_normalize(quantized, RAW_OUTPUT_NAMES[tower], f"{tower}_features"), str(path))
-    return path
 
 
 @dataclass
@@ -338,7 +227,7 @@ def top10_overlaps(
     return overlap
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model-dir", type=Path, required=True)
     parser.add_argument("--batches", default="1,8")
@@ -358,8 +247,53 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-peak", action="store_true", help="skip the GEMM peak (no %% of peak column)")
     parser.add_argument("--peak-shape", type=parse_shape, action="append", help="M,K,N of a peak GEMM (repeatable)")
     parser.add_argument("--json", type=Path, help="write all numbers here")
-    args = parser.parse_args(argv)
+    return parser, parser.parse_args(argv)
 
+
+def measure_rounds(
+    args: argparse.Namespace, engines_by_key: dict[tuple[str, int], dict[str, Engine]], inputs: dict[str, np.ndarray]
+) -> tuple[dict[tuple[str, int], dict[str, list[float]]], list[Peak]]:
+    """Every engine (and the GEMM peak) once per round: noise hits every engine alike."""
+    peak_inputs = None if args.no_peak else peak_graphs(args.peak_shape or LAYER_SHAPES)
+    round_peaks: list[list[Peak]] = []
+    speeds: dict[tuple[str, int], dict[str, list[float]]] = {
+        key: {name: [] for name in engines} for key, engines in engines_by_key.items()
+    }
+    for number in range(1, args.rounds + 1):
+        if peak_inputs is not None:
+            peak_threads = sorted({1, args.threads})
+            round_peaks.append(measure_peaks(peak_threads, 1, args.peak_seconds, peak_inputs, spin=False))
+        for (tower, b), engines in engines_by_key.items():
+            x = inputs[tower][:b]
+            for name, engine in engines.items():
+                speeds[tower, b][name].append(items_per_second(engine.run, x, args.seconds))
+        print(f"round {number}/{args.rounds} done; load average {os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
+    return speeds, merge_rounds(round_peaks)
+
+
+def print_report(
+    args: argparse.Namespace, argv: list[str] | None, machine: dict, peaks: list[Peak], lines: list[str], overlap: dict
+) -> None:
+    print()
+    print(
+        f"- {machine['date']}; {machine['cores']} cores, {args.threads} threads per engine; CPU {machine['cpu_flags']}; "
+        f"torch {machine['torch']}, onnxruntime {machine['onnxruntime']}"
+    )
+    print(
+        f"- load average (1/5/15 min) before {machine['load_average_before']}, after {machine['load_average_after']}; "
+        f"{args.rounds} interleaved rounds × {args.seconds:g} s per engine, medians with min–max"
+    )
+    print(f"- command: `python benchmarks/bench_convert.py {' '.join(argv if argv is not None else sys.argv[1:])}`")
+    print()
+    if peaks:
+        print("\n".join(peak_table(peaks)))
+        print()
+    print("\n".join(lines))
+    print("top-10 text→image overlap vs eager:", {k: f"{v:.1%}" for k, v in overlap.items()})
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser, args = parse_args(argv)
     load_before = os.getloadavg()
     manifest = ModelManifest.load(args.model_dir, verify=False)
     config = model_config(manifest)
@@ -383,20 +317,7 @@ def main(argv: list[str] | None = None) -> None:
         "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
     }
     print(f"CPU: {machine['cpu_flags']}; load average before: {load_before[0]:.2f}", flush=True)
-
-    peak_inputs = None if args.no_peak else peak_graphs(args.peak_shape or LAYER_SHAPES)
-    round_peaks: list[list[Peak]] = []
-    speeds = {key: {name: [] for name in engines} for key, engines in engines_by_key.items()}
-    for number in range(1, args.rounds + 1):  # everything once per round: noise hits every engine alike
-        if peak_inputs is not None:
-            peak_threads = sorted({1, args.threads})
-            round_peaks.append(measure_peaks(peak_threads, 1, args.peak_seconds, peak_inputs, spin=False))
-        for (tower, b), engines in engines_by_key.items():
-            x = inputs[tower][:b]
-            for name, engine in engines.items():
-                speeds[tower, b][name].append(items_per_second(engine.run, x, args.seconds))
-        print(f"round {number}/{args.rounds} done; load average {os.getloadavg()[0]:.2f}", file=sys.stderr, flush=True)
-    peaks = merge_rounds(round_peaks)
+    speeds, peaks = measure_rounds(args, engines_by_key, inputs)
 
     results: dict[str, object] = {"machine": machine, "peaks": [p.to_json() for p in peaks]}
     best: dict[str, str] = {}
@@ -407,28 +328,11 @@ def main(argv: list[str] | None = None) -> None:
         results[key] = row
         lines += markdown_table(key, row, best[key])
     results["best_torch"] = best
-
     # Top-10 text→image overlap against eager, per ORT engine present for both towers at the largest batch.
     overlap = top10_overlaps(engines_by_key, max(args.batch_sizes), images, texts) if len(args.towers) == 2 else {}
     results["top10_overlap_text_to_image"] = overlap
     machine["load_average_after"] = [round(v, 2) for v in os.getloadavg()]
-
-    print()
-    print(
-        f"- {machine['date']}; {machine['cores']} cores, {args.threads} threads per engine; CPU {machine['cpu_flags']}; "
-        f"torch {machine['torch']}, onnxruntime {machine['onnxruntime']}"
-    )
-    print(
-        f"- load average (1/5/15 min) before {machine['load_average_before']}, after {machine['load_average_after']}; "
-        f"{args.rounds} interleaved rounds × {args.seconds:g} s per engine, medians with min–max"
-    )
-    print(f"- command: `python benchmarks/bench_convert.py {' '.join(argv if argv is not None else sys.argv[1:])}`")
-    print()
-    if peaks:
-        print("\n".join(peak_table(peaks)))
-        print()
-    print("\n".join(lines))
-    print("top-10 text→image overlap vs eager:", {k: f"{v:.1%}" for k, v in overlap.items()})
+    print_report(args, argv, machine, peaks, lines, overlap)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
 

@@ -9,7 +9,7 @@ In one run, side by side:
    config `cnclip convert` stored), the four PyTorch baselines of `benchmarks/torch_baselines.py`
    (eager fp32 on 1 and on all cores, bf16 autocast, cn_clip's own model; random weights). Ratios
    are against the best of them per tower ("best PyTorch");
-3. `cnclip bench encoders`' sweep (retrieval/bench.py): text and image, concurrency 1–16,
+3. `cnclip bench encoders`' sweep (retrieval/toolchain/bench.py): text and image, concurrency 1–16,
    1 stream with the batcher on and off, 2 streams with it on, with a "% of peak" column: the
    sweep's items/s × the graph's multiply-accumulates per item against the machine's GEMM peak on
    all cores (`benchmarks/peak.py`, int8 or fp32 as the sweep's precision), measured in every repeat.
@@ -48,11 +48,11 @@ from benchmarks.peak import (  # noqa: E402
     peak_table,
     percent_of_peak,
 )
-from retrieval.bench import TABLE_HEADER, SweepPoint, image_payloads, run_sweep, text_payloads  # noqa: E402
 from retrieval.manifest import ModelManifest  # noqa: E402
 from retrieval.preprocess import preprocess_image  # noqa: E402
 from retrieval.providers import choose_precision  # noqa: E402
 from retrieval.tokenizer import Tokenizer, tokenize  # noqa: E402
+from retrieval.toolchain.bench import TABLE_HEADER, SweepPoint, image_payloads, run_sweep, text_payloads  # noqa: E402
 
 
 def machine() -> str:
@@ -213,7 +213,7 @@ def median_points(runs: list[list[SweepPoint]]) -> list[SweepPoint]:
     return out
 
 
-def main(argv: list[str] | None = None) -> str:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--model", type=Path, required=True)
     parser.add_argument("--repeats", type=int, default=3)
@@ -231,28 +231,15 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--min-requests", type=int, default=2, help="requests each client completes per point")
     parser.add_argument("--isolate", action="store_true", help="each encoder config in a fresh process (real models)")
     parser.add_argument("--out", type=Path, help="also write the markdown report here")
-    args = parser.parse_args(argv)
+    return parser.parse_args(argv)
 
-    concurrencies = [int(c) for c in args.concurrency.split(",")]
-    configs = [(int(s), m == "on") for s, _, m in (c.partition(":") for c in args.configs.split(","))]
-    base = Settings(_env_file=None, model_dir=args.model, precision=args.precision,  # type: ignore[call-arg]
-                    buckets=[int(b) for b in args.buckets.split(",")], provider="cpu")  # fmt: skip
-    manifest = ModelManifest.load(args.model)
-    load_before = [round(v, 2) for v in os.getloadavg()]
-    lines = [
-        f"- date: {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC; machine: {machine()}",
-        f"- model: `{manifest.name}` ({manifest.arch}, {manifest.embed_dim}-d), buckets {args.buckets}, "
-        f"precision {args.precision}; {args.repeats} repeats × {args.duration:g}s per point, medians",
-        f"- command: `python benchmarks/bench_encoders.py {' '.join(argv if argv is not None else sys.argv[1:])}`",
-        "",
-    ]
 
-    tok = [bench_tokenizer(args.tokenizer_queries) for _ in range(args.repeats)]
+def tokenizer_section(queries: int, repeats: int) -> list[str]:
+    """The tokenizer table: ours (cold and warm caches) against cn_clip's FullTokenizer."""
+    tok = [bench_tokenizer(queries) for _ in range(repeats)]
     med = {k: statistics.median(t[k] for t in tok) for k in tok[0]}
-    lines.append("**Tokenizer** (distinct short queries, 2–6 words; queries per CPU-second of one thread):")
-    lines.append("")
-    lines.append("| tokenizer | queries/s | vs cn_clip |")
-    lines.append("| --- | --- | --- |")
+    lines = ["**Tokenizer** (distinct short queries, 2–6 words; queries per CPU-second of one thread):", ""]
+    lines += ["| tokenizer | queries/s | vs cn_clip |", "| --- | --- | --- |"]
     ref = med.get("cn_clip_qps")
     for key, label in (
         ("ours_cold_qps", "ours, cold caches"),
@@ -263,14 +250,21 @@ def main(argv: list[str] | None = None) -> str:
             ratio = f"{med[key] / ref:.1f}×" if ref else "–"
             lines.append(f"| {label} | {med[key]:,.0f} | {ratio} |")
     lines.append("")
+    return lines
 
-    cores = len(os.sched_getaffinity(0))
+
+def measure_rounds(
+    args: argparse.Namespace, base: Settings, cores: int
+) -> tuple[dict[str, list[Timing]], list[list[Peak]], list[list[SweepPoint]]]:
+    """Peaks, baselines and the sweep, interleaved per repeat (each repeat sees similar load)."""
+    concurrencies = [int(c) for c in args.concurrency.split(",")]
+    configs = [(int(s), m == "on") for s, _, m in (c.partition(":") for c in args.configs.split(","))]
     runners = None if args.no_torch else torch_runners(args.model)
     peak_inputs = None if args.no_peak else peak_graphs(args.peak_shape or LAYER_SHAPES)
     baselines: dict[str, list[Timing]] = defaultdict(list)
     round_peaks: list[list[Peak]] = []
     runs: list[list[SweepPoint]] = []
-    for repeat in range(args.repeats):  # peaks, baselines and sweep interleaved: each repeat sees similar load
+    for repeat in range(args.repeats):
         if peak_inputs is not None:
             round_peaks.append(measure_peaks([cores], 1, args.peak_seconds, peak_inputs))
         ort_fp32 = bench_ort_fp32_batch1(args.model, args.baseline_seconds)
@@ -287,24 +281,24 @@ def main(argv: list[str] | None = None) -> str:
                 on_point=lambda p: print(f"measured: {p.row()}", file=sys.stderr, flush=True),
             )
         )  # fmt: skip
-    points = median_points(runs)
-    peaks = merge_rounds(round_peaks)
-    lines.insert(1, f"- load average (1/5/15 min) before {load_before}, after {[round(v, 2) for v in os.getloadavg()]}")
+    return baselines, round_peaks, runs
 
+
+def baselines_section(baselines: dict[str, list[Timing]]) -> tuple[list[str], dict[str, float]]:
+    """The baselines table, and the reference rate per tower (the best PyTorch, else ORT fp32)."""
     rates = {name: {t: statistics.median(v[t][0] for v in values) for t in ("text", "image")}
              for name, values in baselines.items()}  # fmt: skip
     torch_names = [name for name in baselines if name != ORT_BASELINE]
     reference: dict[str, str] = {}
     for tower in ("text", "image"):
         reference[tower] = max(torch_names, key=lambda n: rates[n][tower]) if torch_names else ORT_BASELINE
-    ref_rate = {t: rates[reference[t]][t] for t in ("text", "image")}
     described = "; ".join(f"{t}: *{reference[t]}*" for t in ("text", "image"))
-    lines.append(
-        f"**Baselines** (one client, batch 1; ratios below are against the best PyTorch per tower — {described}):"
-    )
-    lines.append("")
-    lines.append("| baseline | text/s (min–max) | text p50 ms | img/s (min–max) | image p50 ms |")
-    lines.append("| --- | --- | --- | --- | --- |")
+    lines = [
+        f"**Baselines** (one client, batch 1; ratios below are against the best PyTorch per tower — {described}):",
+        "",
+        "| baseline | text/s (min–max) | text p50 ms | img/s (min–max) | image p50 ms |",
+        "| --- | --- | --- | --- | --- |",
+    ]
     for name, values in baselines.items():
         cells = []
         for tower in ("text", "image"):
@@ -314,6 +308,14 @@ def main(argv: list[str] | None = None) -> str:
                       f"{statistics.median(v[tower][1] for v in values):.1f}"]  # fmt: skip
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     lines.append("")
+    return lines, {t: rates[reference[t]][t] for t in ("text", "image")}
+
+
+def sweep_section(
+    args: argparse.Namespace, points: list[SweepPoint], peaks: list[Peak], cores: int, ref_rate: dict[str, float]
+) -> list[str]:
+    """The GEMM peak table (when measured) and the encoder sweep with its ratios and % of peak."""
+    lines: list[str] = []
     if peaks:
         lines.append(f"**GEMM peak** (`benchmarks/peak.py`, all {cores} cores, median of the {args.repeats} repeats):")
         lines.append("")
@@ -331,6 +333,29 @@ def main(argv: list[str] | None = None) -> str:
         peak = peak_for(peaks, precision, cores)
         percent = f"{percent_of_peak(macs, 1 / p.items_per_s, peak.gops):.1f} %" if peak and p.items_per_s else "–"
         lines.append(p.row() + f" {p.items_per_s / ref_rate[p.tower]:.2f}× | {percent} |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> str:
+    args = parse_args(argv)
+    base = Settings(_env_file=None, model_dir=args.model, precision=args.precision,  # type: ignore[call-arg]
+                    buckets=[int(b) for b in args.buckets.split(",")], provider="cpu")  # fmt: skip
+    manifest = ModelManifest.load(args.model)
+    load_before = [round(v, 2) for v in os.getloadavg()]
+    lines = [
+        f"- date: {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC; machine: {machine()}",
+        f"- model: `{manifest.name}` ({manifest.arch}, {manifest.embed_dim}-d), buckets {args.buckets}, "
+        f"precision {args.precision}; {args.repeats} repeats × {args.duration:g}s per point, medians",
+        f"- command: `python benchmarks/bench_encoders.py {' '.join(argv if argv is not None else sys.argv[1:])}`",
+        "",
+    ]
+    lines += tokenizer_section(args.tokenizer_queries, args.repeats)
+    cores = len(os.sched_getaffinity(0))
+    baselines, round_peaks, runs = measure_rounds(args, base, cores)
+    lines.insert(1, f"- load average (1/5/15 min) before {load_before}, after {[round(v, 2) for v in os.getloadavg()]}")
+    baseline_lines, ref_rate = baselines_section(baselines)
+    lines += baseline_lines
+    lines += sweep_section(args, median_points(runs), merge_rounds(round_peaks), cores, ref_rate)
     report = "\n".join(lines) + "\n"
     print(report)
     if args.out:

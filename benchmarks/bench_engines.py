@@ -37,8 +37,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_search import clustered_rows, exact_top  # noqa: E402
-from indexer.vector_index import SearchTuning  # noqa: E402
-from indexer.vector_store import ItemAttrs, StoreSpec  # noqa: E402
+from indexer.vector_store import ItemAttrs, SearchTuning, StoreSpec  # noqa: E402
 
 DIM = 512
 ENGINES = ("faiss", "milvus-lite", "milvus-server")

@@ -32,7 +32,7 @@ from onnx import helper, numpy_helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from retrieval.convert.quantize import append_l2_normalize, to_int8  # noqa: E402
+from retrieval.toolchain.convert.quantize import append_l2_normalize, to_int8  # noqa: E402
 
 VARIANTS = ("stored", "skln", "attn")
 

@@ -26,9 +26,8 @@ import numpy as np
 from PIL import Image
 
 from api.config import Settings
-from indexer.engines import open_catalog
 from indexer.pipeline import ImageIndexer
-from indexer.service import collection_service
+from indexer.runtime import open_runtime
 from retrieval.encoder import create_encoder
 from retrieval.types import Encoder
 
@@ -55,11 +54,11 @@ async def standalone(encoder: Encoder, images: list[bytes], batch: int) -> float
 
 async def pipeline(settings: Settings, encoder: Encoder, folder: Path, data_dir: Path) -> float:
     shutil.rmtree(data_dir, ignore_errors=True)
-    catalog = open_catalog(settings.model_copy(update={"data_dir": data_dir, "database_url": None}))
-    try:
+    fresh = settings.model_copy(update={"data_dir": data_dir, "database_url": None})
+    async with open_runtime(fresh, encoder=encoder) as rt:
+        assert rt.service is not None
         indexer = ImageIndexer(
-            collection_service(catalog, encoder, settings),
-            encoder,
+            rt.service,
             "bench",
             batch_size=settings.index_batch_size,
             read_threads=settings.index_read_threads,
@@ -70,8 +69,6 @@ async def pipeline(settings: Settings, encoder: Encoder, folder: Path, data_dir:
         elapsed = time.perf_counter() - started
         assert summary.added == len(list(folder.iterdir())), summary
         return summary.added / elapsed
-    finally:
-        catalog.close()
 
 
 async def run(args: argparse.Namespace) -> dict[str, object]:

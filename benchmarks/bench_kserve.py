@@ -44,6 +44,7 @@ from PIL import Image  # noqa: E402
 
 from api.config import Settings  # noqa: E402
 from retrieval.errors import EncoderUnavailable  # noqa: E402
+from retrieval.types import Encoder  # noqa: E402
 from tests.real_triton import RealTriton  # noqa: E402
 
 
@@ -163,7 +164,7 @@ def json_text_caller(url: str, texts: list[str]) -> Callable[[int], Awaitable[ob
 
 def start_triton(args: argparse.Namespace, workdir: Path) -> RealTriton:
     """A real Triton serving `export-triton --backend python` of the model (max batch = largest bucket)."""
-    from retrieval.triton_export import ExportOptions, export_triton_repository
+    from retrieval.toolchain.triton.export import ExportOptions, export_triton_repository
 
     repository = workdir / "repo"
     options = ExportOptions(backend="python", max_batch=max(args.buckets), precision=args.precision)
@@ -189,21 +190,7 @@ async def run(args: argparse.Namespace) -> list[str]:
         remote = await start_remote(settings, port)
         noop = await start_remote(settings, noop_port)
         real = await start_remote(settings, triton.port) if triton is not None else None
-        texts = [f"第{i}张照片：穿红色裙子的女孩在海边" for i in range(512)]
-        files = images(16)
-        json_call = json_text_caller(f"127.0.0.1:{port}", texts)
-        cases: dict[tuple[str, str], Callable[[int], Awaitable[object]]] = {
-            ("text", "local"): lambda i: local.embed_texts([texts[i % len(texts)]]),
-            ("text", "remote"): lambda i: remote.embed_texts([texts[i % len(texts)]]),
-            ("text", "json"): json_call,
-            ("text", "remote, no-op server"): lambda i: noop.embed_texts([texts[i % len(texts)]]),
-            ("image", "local"): lambda i: local.embed_images([files[i % len(files)]]),
-            ("image", "remote"): lambda i: remote.embed_images([files[i % len(files)]]),
-            ("image", "remote, no-op server"): lambda i: noop.embed_images([files[i % len(files)]]),
-        }
-        if real is not None:
-            cases[("text", "triton (python backend)")] = lambda i: real.embed_texts([texts[i % len(texts)]])
-            cases[("image", "triton (python backend)")] = lambda i: real.embed_images([files[i % len(files)]])
+        cases = paths(local, remote, noop, real, port)
         results: dict[tuple[str, str, int], list[tuple[float, float]]] = {}
         for _ in range(args.repeats):
             for concurrency in args.concurrency:
@@ -224,6 +211,31 @@ async def run(args: argparse.Namespace) -> list[str]:
         import shutil
 
         shutil.rmtree(workdir, ignore_errors=True)
+    return table(results)
+
+
+def paths(
+    local: Encoder, remote: Encoder, noop: Encoder, real: Encoder | None, port: int
+) -> dict[tuple[str, str], Callable[[int], Awaitable[object]]]:
+    """(tower, path) -> one call of request `i`: local, through /v2 (binary and JSON), a no-op server, real Triton."""
+    texts = [f"第{i}张照片：穿红色裙子的女孩在海边" for i in range(512)]
+    files = images(16)
+    cases: dict[tuple[str, str], Callable[[int], Awaitable[object]]] = {
+        ("text", "local"): lambda i: local.embed_texts([texts[i % len(texts)]]),
+        ("text", "remote"): lambda i: remote.embed_texts([texts[i % len(texts)]]),
+        ("text", "json"): json_text_caller(f"127.0.0.1:{port}", texts),
+        ("text", "remote, no-op server"): lambda i: noop.embed_texts([texts[i % len(texts)]]),
+        ("image", "local"): lambda i: local.embed_images([files[i % len(files)]]),
+        ("image", "remote"): lambda i: remote.embed_images([files[i % len(files)]]),
+        ("image", "remote, no-op server"): lambda i: noop.embed_images([files[i % len(files)]]),
+    }
+    if real is not None:
+        cases[("text", "triton (python backend)")] = lambda i: real.embed_texts([texts[i % len(texts)]])
+        cases[("image", "triton (python backend)")] = lambda i: real.embed_images([files[i % len(files)]])
+    return cases
+
+
+def table(results: dict[tuple[str, str, int], list[tuple[float, float]]]) -> list[str]:
     lines = [
         "| tower | concurrency | path | items/s | p50 ms | items/s vs local |",
         "| --- | --- | --- | --- | --- | --- |",

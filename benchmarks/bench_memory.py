@@ -75,7 +75,7 @@ def free_port() -> int:
 def serve(env: dict[str, str], log_path: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """This checkout's `cnclip serve` in a subprocess, ready when /readyz answers 200."""
     port = free_port()
-    command = [sys.executable, "-c", "from demo.cli import main; main()", "serve", "--port", str(port)]
+    command = [sys.executable, "-c", "from cli.main import main; main()", "serve", "--port", str(port)]
     env = {**os.environ, **env, "PYTHONPATH": f"{REPO_ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
     with log_path.open("w") as log:
         proc = subprocess.Popen([*command, "--log-level", "info"], stdout=log, stderr=log, env=env)

@@ -21,7 +21,8 @@ from datetime import UTC, datetime
 import faiss
 import numpy as np
 
-from indexer.vector_index import SearchTuning, VectorIndex
+from indexer.vector_index import VectorIndex
+from indexer.vector_store import SearchTuning
 
 
 def unit_rows(rng: np.random.Generator, n: int, dim: int, chunk: int = 100_000) -> np.ndarray:
@@ -86,6 +87,57 @@ def configs(n: int) -> list[tuple[str, SearchTuning]]:
     return out
 
 
+def data_and_queries(args: argparse.Namespace, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """`n` unit rows of the chosen kind, and unit queries (random ones, or near stored rows for clustered data)."""
+    rng = np.random.default_rng(n)
+    make = unit_rows if args.data == "random" else clustered_rows
+    data = make(rng, n, args.dim)
+    queries = (
+        make(np.random.default_rng(n + 1), args.queries, args.dim)
+        if args.data == "random"
+        else (
+            data[rng.integers(0, n, args.queries)]
+            + 0.02 * rng.standard_normal((args.queries, args.dim), dtype=np.float32)
+        )
+    )
+    return data, (queries / np.linalg.norm(queries, axis=1, keepdims=True)).astype(np.float32)
+
+
+def size_rows(args: argparse.Namespace, n: int) -> list[dict]:
+    """One row per index configuration at `n` vectors (HNSW only up to --hnsw-max)."""
+    data, queries = data_and_queries(args, n)
+    truth = exact_top(data, queries, args.k)
+    flat_ms = None
+    built_at: dict[str, tuple[VectorIndex, float]] = {}
+    rows = []
+    for factory, tuning in configs(n):
+        if factory.startswith("HNSW") and n > args.hnsw_max:
+            continue
+        faiss.omp_set_num_threads(2)  # building uses both cores
+        if factory not in built_at:
+            built_at.clear()  # one index in memory at a time
+            built_at[factory] = build(data, factory, tuning)
+        index, seconds = built_at[factory]
+        index.tuning = tuning
+        faiss.omp_set_num_threads(1)  # a search runs on one API worker thread
+        result = measure(index, data, queries, truth, args.k)
+        flat_ms = flat_ms or result["median_ms"]
+        knob = f"nprobe={tuning.nprobe}" if "IVF" in factory else f"ef={tuning.ef_search}" if "HNSW" in factory else "-"
+        row = {
+            "n": n,
+            "index": factory,
+            "knob": knob,
+            "rerank": tuning.rerank_factor if factory != "Flat" else 0,
+            **{key: round(value, 4) for key, value in result.items()},
+            "speedup_vs_flat": round(flat_ms / result["median_ms"], 2),
+            "bytes_per_vector": round(len(faiss.serialize_index(index.index)) / n),
+            "build_s": round(seconds, 1),
+        }
+        rows.append(row)
+        print(json.dumps(row), flush=True)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000, 100_000])
@@ -101,56 +153,7 @@ def main() -> None:
     print(
         f"# {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.machine()}, {faiss.omp_get_max_threads()} threads, data={args.data}"
     )
-    rows = []
-    for n in args.sizes:
-        rng = np.random.default_rng(n)
-        make = unit_rows if args.data == "random" else clustered_rows
-        data = make(rng, n, args.dim)
-        queries = (
-            make(np.random.default_rng(n + 1), args.queries, args.dim)
-            if args.data == "random"
-            else (
-                data[rng.integers(0, n, args.queries)]
-                + 0.02 * rng.standard_normal((args.queries, args.dim), dtype=np.float32)
-            )
-        )
-        queries = (queries / np.linalg.norm(queries, axis=1, keepdims=True)).astype(np.float32)
-        truth = exact_top(data, queries, args.k)
-        flat_ms = None
-        built_at: dict[str, tuple[VectorIndex, float]] = {}
-        for factory, tuning in configs(n):
-            if factory.startswith("HNSW") and n > args.hnsw_max:
-                continue
-            faiss.omp_set_num_threads(2)  # building uses both cores
-            if factory not in built_at:
-                built_at.clear()  # one index in memory at a time
-                built_at[factory] = build(data, factory, tuning)
-            index, seconds = built_at[factory]
-            index.tuning = tuning
-            faiss.omp_set_num_threads(1)  # a search runs on one API worker thread
-            result = measure(index, data, queries, truth, args.k)
-            flat_ms = flat_ms or result["median_ms"]
-            bytes_per_vector = len(faiss.serialize_index(index.index)) / n
-            knob = (
-                f"nprobe={tuning.nprobe}"
-                if "IVF" in factory
-                else f"ef={tuning.ef_search}"
-                if "HNSW" in factory
-                else "-"
-            )
-            row = {
-                "n": n,
-                "index": factory,
-                "knob": knob,
-                "rerank": tuning.rerank_factor if factory != "Flat" else 0,
-                **{key: round(value, 4) for key, value in result.items()},
-                "speedup_vs_flat": round(flat_ms / result["median_ms"], 2),
-                "bytes_per_vector": round(bytes_per_vector),
-                "build_s": round(seconds, 1),
-            }
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-        del data, built_at
+    rows = [row for n in args.sizes for row in size_rows(args, n)]
     if args.json_out:
         with open(args.json_out, "w") as f:
             json.dump(rows, f, indent=1)

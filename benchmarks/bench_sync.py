@@ -26,7 +26,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from api.config import Settings  # noqa: E402
-from indexer.engines import open_catalog  # noqa: E402
+from indexer.runtime import open_catalog  # noqa: E402
 from indexer.types import NewText  # noqa: E402
 
 DIM = 512

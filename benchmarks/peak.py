@@ -3,7 +3,7 @@
     python benchmarks/peak.py [--threads 1,2] [--repeats 5] [--graph MODEL_DIR/image.int8.b8.onnx ...]
 
 - int8 peak: one GEMM the way our int8 graphs run it. An fp32 `MatMul` with a constant weight is put
-  through `retrieval.convert.quantize.to_int8` (DynamicQuantizeLinear + MatMulInteger + scale, which
+  through `retrieval.toolchain.convert.quantize.to_int8` (DynamicQuantizeLinear + MatMulInteger + scale, which
   ONNX Runtime fuses into DynamicQuantizeMatMul at load) and timed in ONNX Runtime with the server's
   session options (`SessionConfig.session_options`). The time includes quantizing the activations,
   as in the real graphs. Shapes are those of a ViT-B/BERT-base layer's MLP ([M, 768] × [768, 3072]
@@ -203,7 +203,7 @@ def peak_graphs(
     shapes: Sequence[tuple[int, int, int]] = LAYER_SHAPES,
 ) -> list[tuple[str, onnx.ModelProto, onnx.ModelProto]]:
     """(label, fp32 graph, int8 graph) per GEMM shape; the int8 one made by the project's own quantizer."""
-    from retrieval.convert.quantize import to_int8
+    from retrieval.toolchain.convert.quantize import to_int8
 
     graphs = []
     for m, k, n in shapes:

@@ -3,7 +3,7 @@
 A speed-up is only worth stating against the best PyTorch can do on the same machine, so the
 baseline is not one configuration but the best of:
 
-- `eager-fp32-1t`: the project's model (`retrieval.convert.model`, the parity reference), fp32, 1 thread;
+- `eager-fp32-1t`: the project's model (`retrieval.toolchain.convert.model`, the parity reference), fp32, 1 thread;
 - `eager-fp32`: the same with `threads` threads (the old single baseline; its key is kept);
 - `eager-bf16`: the same under `torch.autocast("cpu", dtype=torch.bfloat16)` (emulated on CPUs
   without AVX-512-BF16/AMX: it is timed anyway, so the table shows what it gives);
@@ -27,10 +27,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from retrieval.convert.checkpoint import build_model, vary_constant_parameters
-from retrieval.convert.cnclip_reference import cnclip_model
-from retrieval.convert.model import CLIP, architecture_config
 from retrieval.manifest import ModelManifest
+from retrieval.toolchain.convert.checkpoint import build_model, vary_constant_parameters
+from retrieval.toolchain.convert.cnclip_reference import cnclip_model
+from retrieval.toolchain.convert.model import CLIP, architecture_config
 
 Runner = Callable[[np.ndarray], np.ndarray]
 BEST = "best PyTorch"

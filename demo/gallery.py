@@ -13,17 +13,19 @@ them, and the indexer skips every picture it already has (size and mtime unchang
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Protocol
 
 from api.config import Settings
 from demo import dataset
 
 if TYPE_CHECKING:
-    from indexer.catalog import SqlCatalog
+    from indexer.index_summary import IndexSummary
+    from indexer.service import CollectionService
 
 IMAGE_COLLECTION = "demo"
 TEXT_COLLECTION = "demo-texts"
@@ -96,12 +98,12 @@ def write_demo_files(settings: Settings, n: int = GALLERY_SIZE, seed: int = GALL
     return DemoFiles(root, manifest, texts, created=True)
 
 
-def _drop_other_models(catalog: SqlCatalog, model_id: str) -> list[str]:
+def _drop_other_models(service: CollectionService, model_id: str) -> list[str]:
     """Delete the demo collections that an earlier model embedded (the data is regenerated, not the user's)."""
     dropped = []
-    for info in catalog.list_collections():
+    for info, _default in service.list_all():
         if info.name in (IMAGE_COLLECTION, TEXT_COLLECTION) and info.model != model_id:
-            catalog.delete_collection(info.name)
+            service.delete_collection(info.name)
             dropped.append(f"{info.name} (embedded with {info.model})")
     return dropped
 
@@ -116,39 +118,37 @@ class DemoIndexResult:
     texts_existing: int
 
 
-async def index_demo(settings: Settings, files: DemoFiles, progress: bool = True) -> DemoIndexResult:
-    """Index the gallery with the bulk indexer (progress bar on stderr) and the texts into their collection."""
-    from indexer.engines import open_catalog
-    from indexer.pipeline import ImageIndexer
-    from indexer.progress import IndexProgress
-    from indexer.service import collection_service
-    from indexer.texts import index_texts, read_texts
-    from retrieval.encoder import create_encoder
+class ProgressBar(Protocol):
+    """What shows the gallery's indexing (cli/progress.py `IndexProgress`, on stderr)."""
 
-    catalog = await asyncio.to_thread(open_catalog, settings)
-    encoder = create_encoder(settings)
-    try:
-        replaced = await asyncio.to_thread(_drop_other_models, catalog, encoder.model_id)
-        await encoder.start()
-        service = collection_service(catalog, encoder, settings)
+    def __enter__(self) -> Any: ...
+
+    def __exit__(self, *exc: Any) -> None: ...
+
+    def update(self, summary: IndexSummary) -> None: ...
+
+
+async def index_demo(settings: Settings, files: DemoFiles, progress: ProgressBar | None = None) -> DemoIndexResult:
+    """Index the gallery with the bulk indexer (with `progress` shown) and the texts into their collection."""
+    from indexer.pipeline import ImageIndexer
+    from indexer.runtime import open_runtime
+    from indexer.texts import index_texts, read_texts
+
+    async with open_runtime(settings, stores="now", warm=False) as rt:
+        assert rt.service is not None
+        replaced = await asyncio.to_thread(_drop_other_models, rt.service, rt.encoder.model_id)
+        await rt.start_encoders()
         indexer = ImageIndexer(
-            service,
-            encoder,
+            rt.service,
             IMAGE_COLLECTION,
             batch_size=settings.index_batch_size,
             read_threads=settings.index_read_threads,
             inflight=max(2, settings.streams + 1),
         )
-        if progress:
-            with IndexProgress(IMAGE_COLLECTION) as bar:
-                summary = await indexer.run(files.manifest, on_progress=bar.update)
-        else:
-            summary = await indexer.run(files.manifest)
+        with progress or contextlib.nullcontext():
+            summary = await indexer.run(files.manifest, on_progress=progress.update if progress is not None else None)
         texts = read_texts(files.texts)
-        added, existing = await index_texts(service, encoder, TEXT_COLLECTION, texts, batch_size=max(settings.buckets))
-    finally:
-        await encoder.close()
-        await asyncio.to_thread(catalog.close)
+        added, existing = await index_texts(rt.service, TEXT_COLLECTION, texts, batch_size=max(settings.buckets))
     return DemoIndexResult(
         replaced=replaced,
         images_added=summary.added + summary.changed,

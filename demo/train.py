@@ -36,9 +36,9 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 from demo import dataset  # noqa: E402
-from retrieval.convert.model import CLIP  # noqa: E402
 from retrieval.manifest import CNCLIP_MEAN, CNCLIP_STD  # noqa: E402
 from retrieval.tokenizer import tokenize  # noqa: E402
+from retrieval.toolchain.convert.model import CLIP  # noqa: E402
 
 CONFIG_PATH = Path(__file__).with_name("model_config.json")
 _MEAN = torch.tensor(CNCLIP_MEAN).view(1, 3, 1, 1)
@@ -233,6 +233,37 @@ def save_checkpoint(
     tmp.replace(path)
 
 
+def _resume(ckpt: Path, model: CLIP, heads: AttributeHeads, optimizer: torch.optim.Optimizer) -> int:
+    """Load a run's checkpoint into the model, the heads and (when it fits) the optimizer; its step."""
+    raw = torch.load(ckpt, map_location="cpu", weights_only=True)
+    model.load_state_dict(raw["state_dict"])
+    missing = heads.load_state_dict(raw["heads"], strict=False).missing_keys
+    if not missing:  # an optimizer state only fits the same set of parameters
+        optimizer.load_state_dict(raw["optimizer"])
+    return int(raw["step"])
+
+
+def _train_step(
+    model: CLIP, heads: AttributeHeads, optimizer: torch.optim.Optimizer, batch: Batch, attribute_weight: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One optimisation step; returns (contrastive loss, probe loss, logit scale) for the log."""
+    raw_img, patches = visual_features_and_patches(model, batch.pixels)
+    img = F.normalize(raw_img, dim=-1)
+    txt = F.normalize(model.encode_text(batch.tokens), dim=-1)
+    scale = model.logit_scale.exp()
+    contrastive = soft_clip_loss(img, txt, scale, batch.match)
+    probes = heads.loss(img, batch.image_labels) + heads.loss(txt, batch.text_labels)
+    probes = probes + heads.patch_loss(patches, batch.patch_labels)
+    loss = contrastive + attribute_weight * probes
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_([*model.parameters(), *heads.parameters()], 1.0)
+    optimizer.step()
+    with torch.no_grad():
+        model.logit_scale.clamp_(0, math.log(100))
+    return contrastive, probes, scale
+
+
 def train(args: argparse.Namespace) -> Path:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -245,14 +276,7 @@ def train(args: argparse.Namespace) -> Path:
     groups = param_groups(model, args.weight_decay) + [{"params": list(heads.parameters()), "weight_decay": 0.0}]
     optimizer = torch.optim.AdamW(groups, lr=args.lr, betas=(0.9, 0.98), eps=1e-6)
     ckpt = out / "checkpoint.pt"
-    start = 0
-    if args.resume and ckpt.is_file():
-        raw = torch.load(ckpt, map_location="cpu", weights_only=True)
-        model.load_state_dict(raw["state_dict"])
-        missing = heads.load_state_dict(raw["heads"], strict=False).missing_keys
-        if not missing:  # an optimizer state only fits the same set of parameters
-            optimizer.load_state_dict(raw["optimizer"])
-        start = int(raw["step"])
+    start = _resume(ckpt, model, heads, optimizer) if args.resume and ckpt.is_file() else 0
     batches = Batches(args.batch_size, seed=args.seed * 7919 + start, captions_per_image=args.captions_per_image)
     batches.prefetch()
     log = (out / "train.log").open("a", encoding="utf-8")
@@ -267,21 +291,7 @@ def train(args: argparse.Namespace) -> Path:
         lr = args.lr * warm * 0.5 * (1 + math.cos(math.pi * progress))
         for g in optimizer.param_groups:
             g["lr"] = lr
-        batch = batches.next()
-        raw_img, patches = visual_features_and_patches(model, batch.pixels)
-        img = F.normalize(raw_img, dim=-1)
-        txt = F.normalize(model.encode_text(batch.tokens), dim=-1)
-        scale = model.logit_scale.exp()
-        contrastive = soft_clip_loss(img, txt, scale, batch.match)
-        probes = heads.loss(img, batch.image_labels) + heads.loss(txt, batch.text_labels)
-        probes = probes + heads.patch_loss(patches, batch.patch_labels)
-        loss = contrastive + args.attribute_weight * probes
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_([*model.parameters(), *heads.parameters()], 1.0)
-        optimizer.step()
-        with torch.no_grad():
-            model.logit_scale.clamp_(0, math.log(100))
+        contrastive, probes, scale = _train_step(model, heads, optimizer, batches.next(), args.attribute_weight)
         elapsed = time.monotonic() - began
         if step % args.log_every == 0 or step == args.steps:
             line = f"step {step} loss {contrastive.item():.4f} probes {probes.item():.4f} scale {scale.item():.1f} lr {lr:.2e} elapsed {elapsed:.0f}s"

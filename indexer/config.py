@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import Field, SecretStr, field_validator
 
 from indexer.index_spec import InvalidIndexDescription, parse_index
 from retrieval.config import RuntimeSettings
+from retrieval.errors import InvalidInput
 
 
 class StorageSettings(RuntimeSettings):
@@ -37,7 +36,7 @@ class StorageSettings(RuntimeSettings):
     index_save_interval_s: float = Field(
         30.0, ge=0, description="Longest time the FAISS file lags behind SQL (it is caught up from SQL on open)."
     )
-    vector_store: Literal["faiss", "milvus"] = Field(
+    vector_store: str = Field(
         "faiss", description="Vector engine: `faiss` files under the data dir, or `milvus` (Lite file or server)."
     )
     milvus_uri: str | None = Field(
@@ -61,6 +60,17 @@ class StorageSettings(RuntimeSettings):
         try:
             return parse_index(value).description
         except InvalidIndexDescription as exc:
+            raise ValueError(exc.message) from None
+
+    @field_validator("vector_store")
+    @classmethod
+    def _known_engine(cls, value: str) -> str:
+        # The names are the registry's (indexer/engines.py): an engine added there is a valid value here.
+        from indexer.engines import engine_record
+
+        try:
+            return engine_record(value).name
+        except InvalidInput as exc:
             raise ValueError(exc.message) from None
 
     @property

@@ -32,19 +32,12 @@ from sqlalchemy.engine import ExceptionContext
 from sqlalchemy.exc import InterfaceError, OperationalError
 
 from indexer.config import StorageSettings
-from indexer.disk_full import StorageFull
-from retrieval.errors import CnclipError
+from indexer.errors import DatabaseRefused, DatabaseUnavailable, StorageFull
 
 log = logging.getLogger(__name__)
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
 MIGRATION_LOCK_KEY = 0x636E636C6970  # "cnclip": the PostgreSQL advisory lock migrations take
-
-
-class DatabaseUnavailable(CnclipError):
-    """The SQL database cannot be reached or is locked for now: retryable (the API answers 503)."""
-
-    code = "database_unavailable"
 
 
 _DISK_FULL_SQLSTATE = "53100"  # PostgreSQL's disk_full
@@ -71,12 +64,6 @@ def _domain_error(context: ExceptionContext) -> None:
         raise DatabaseUnavailable(
             f"cannot reach the database{where}: {_one_line(original)}"
         ) from context.sqlalchemy_exception
-
-
-class DatabaseRefused(DatabaseUnavailable):
-    """The file at the database URL is not a cnclip catalog (empty, not SQLite, another schema)."""
-
-    code = "database_refused"
 
 
 SQLITE_HEADER = b"SQLite format 3\x00"

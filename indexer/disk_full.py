@@ -9,16 +9,10 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from retrieval.errors import CnclipError
+from indexer.errors import StorageFull
 
 _FULL_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
 TEMP_MARK = ".tmp-"  # in every temp file's name: what the start-up media sweep recognises
-
-
-class StorageFull(CnclipError):
-    """The disk (or the quota) under the data dir or the database is full: nothing was stored."""
-
-    code = "storage_full"
 
 
 def is_storage_full(exc: OSError) -> bool:

@@ -12,6 +12,7 @@ Filters become an id allow-list from SQL.
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import logging
 import os
 import threading
@@ -19,15 +20,15 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal
+from typing import Any
 
 import numpy as np
 
 from indexer.disk_full import StorageFull
 from indexer.index_spec import parse_index
 from indexer.types import SearchFilters
-from indexer.vector_index import IndexFileError, SearchTuning, VectorIndex
-from indexer.vector_store import FetchVectors, FilterIds, ItemAttrs, StoreSpec
+from indexer.vector_index import IndexFileError, VectorIndex
+from indexer.vector_store import FetchVectors, FilterIds, ItemAttrs, SearchTuning, StoreSpec
 
 log = logging.getLogger(__name__)
 
@@ -104,7 +105,7 @@ class FaissStore:
         self.index.replace_with(fresh)
         log.info(
             "collection %s: trained %s on %d vectors in %.1f s",
-            self.spec.name, self.spec.factory, self.index.ntotal, time.perf_counter() - started,
+            self.spec.name, self.spec.index, self.index.ntotal, time.perf_counter() - started,
         )  # fmt: skip
 
     def _touched(self) -> None:
@@ -149,7 +150,7 @@ class FaissStore:
 class FaissEngine:
     """`VectorEngine` keeping one FAISS file per collection under `index_dir`."""
 
-    name: Literal["faiss"] = "faiss"
+    name = "faiss"
 
     def __init__(self, index_dir: Path, tuning: SearchTuning, save_interval_s: float) -> None:
         self.index_dir = index_dir
@@ -160,11 +161,11 @@ class FaissEngine:
     def check(self) -> None:
         """Nothing to check: the files are opened (and checked) one collection at a time."""
 
-    def validate(self, factory: str, dim: int) -> None:
-        """`InvalidInput` unless `factory` is in the grammar of indexer/index_spec.py for `dim`-d
+    def validate(self, index: str, dim: int) -> None:
+        """`InvalidInput` unless `index` is in the grammar of indexer/index_spec.py for `dim`-d
         vectors. Parsed, never tried: building a malformed factory string can kill the process
         inside FAISS (`PQ8x0` divides by zero), so no user text reaches `faiss.index_factory`."""
-        parse_index(factory, dim)
+        parse_index(index, dim)
 
     def path(self, spec: StoreSpec) -> Path:
         return self.index_dir / f"{spec.collection_id}.faiss"
@@ -174,9 +175,9 @@ class FaissEngine:
         problem = None
         try:
             with _file_lock(path, exclusive=False):
-                index = VectorIndex.load(path, spec.dim, spec.factory, spec.model, self.tuning, spec.vector_key)
+                index = VectorIndex.load(path, spec.dim, spec.index, spec.model, self.tuning, spec.vector_key)
         except IndexFileError as exc:
-            index, problem = VectorIndex(spec.dim, spec.factory, spec.model, self.tuning, spec.vector_key), str(exc)
+            index, problem = VectorIndex(spec.dim, spec.index, spec.model, self.tuning, spec.vector_key), str(exc)
         return FaissStore(spec, index, path, fetch, filter_ids, self.save_interval_s, problem)
 
     def drop(self, spec: StoreSpec) -> None:
@@ -193,6 +194,15 @@ class FaissEngine:
             pid = tmp.name.split(".tmp-")[-1].split("-")[0]
             if pid.isdigit() and not _process_alive(int(pid)):
                 tmp.unlink(missing_ok=True)
+
+
+def open_engine(settings: Any, database_url: str) -> FaissEngine:
+    """The registry's opener (indexer/engines.py): files under the data dir, one folder per database
+    (so two databases sharing a data dir never share index files)."""
+    from indexer.engines import search_tuning
+
+    url_key = hashlib.sha1(database_url.encode()).hexdigest()[:10]
+    return FaissEngine(settings.data_dir / "indexes" / url_key, search_tuning(settings), settings.index_save_interval_s)
 
 
 def _process_alive(pid: int) -> bool:

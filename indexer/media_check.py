@@ -24,16 +24,11 @@ import hashlib
 import os
 from pathlib import Path
 
+from indexer.errors import MediaChanged
 from indexer.media import media_file
 from indexer.safe_open import FileRefused, open_inside
 from indexer.types import ItemRecord
-from retrieval.errors import CnclipError, NotFound
-
-
-class MediaChanged(CnclipError):
-    """The file at an item's indexed path no longer holds the bytes that were indexed."""
-
-    code = "gone"
+from retrieval.errors import NotFound
 
 
 def _open(record: ItemRecord, media_dir: Path) -> int:

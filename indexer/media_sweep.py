@@ -14,12 +14,12 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from indexer.disk_full import TEMP_MARK
-from indexer.media import EXTENSIONS, media_lock
+from indexer.media import EXTENSIONS, media_file, media_lock
 
 log = logging.getLogger(__name__)
 
@@ -122,3 +122,22 @@ def _remove(
         if time.monotonic() >= deadline:
             return SweepResult(0, 0, skipped=True)
         time.sleep(0.05)
+
+
+def remove_unused_copies(
+    media_dir: Path, copies: Sequence[tuple[str, str | None]], uploads_in_use: Callable[[Sequence[str]], set[str]]
+) -> None:
+    """Unlink the upload copies (sha256, mime) of deleted rows that no row names any more, in any
+    collection.
+
+    Asked under the media lock, exclusively, like the sweep: a writer holds it shared from writing or
+    touching its copy (the same content-addressed file) until the row naming it commits, so the answer
+    here counts every row that will ever name these bytes. Asked before taking the lock, it would miss
+    an upload of the same bytes to another collection committing meanwhile, whose file would go."""
+    if not copies:
+        return
+    with media_lock(media_dir, exclusive=True):
+        in_use = uploads_in_use(sorted({sha for sha, _ in copies}))
+        for sha, mime in copies:
+            if sha not in in_use:
+                media_file(media_dir, sha, mime).unlink(missing_ok=True)

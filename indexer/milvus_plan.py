@@ -36,8 +36,7 @@ from typing import Any
 
 from indexer.index_spec import parse_index
 from indexer.types import SearchFilters
-from indexer.vector_index import SearchTuning
-from indexer.vector_store import VectorStoreIncompatible
+from indexer.vector_store import SearchTuning, VectorStoreIncompatible
 from retrieval.errors import InvalidInput
 
 MAX_DIM = 32_768  # Milvus's bound for FLOAT_VECTOR dim

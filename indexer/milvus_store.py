@@ -21,19 +21,15 @@ benchmarks/bench_engines.py). Counts and id lists (stats, reconcile) ask for Str
 is `VectorStoreIncompatible` when retrying cannot cure it (a parse error, an unsupported feature),
 else `VectorStoreUnavailable`.
 
-Milvus Lite takes one process per file (it holds a `flock` on `<file>/LOCK`). Each process that
-opens a Lite file writes `<file>.owner` (pid and command line), so a second process is told which
-process holds the file instead of a bare lock error.
+Milvus Lite takes one process per file (indexer/milvus_lite.py: a process that finds the file held
+is told which process holds it).
 """
 
 from __future__ import annotations
 
-import fcntl
 import json
 import logging
-import os
 import shutil
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -43,6 +39,7 @@ from typing import Any
 import numpy as np
 from pymilvus import DataType, MilvusClient, MilvusException
 
+from indexer.milvus_lite import is_lite, open_lite, release_lite
 from indexer.milvus_plan import (
     LITE,
     MAX_TOPK,
@@ -58,14 +55,12 @@ from indexer.milvus_plan import (
     server_capabilities,
 )
 from indexer.types import SearchFilters
-from indexer.vector_index import SearchTuning
 from indexer.vector_store import (
-    EngineName,
     FetchVectors,
     FilterIds,
     ItemAttrs,
+    SearchTuning,
     StoreSpec,
-    VectorStoreBusy,
     VectorStoreIncompatible,
     VectorStoreUnavailable,
 )
@@ -82,20 +77,6 @@ FIELDS = "mime,created_at,tags,taken_at"
 SEARCH_READ = {"consistency_level": "Session"}
 EXACT_READ = {"consistency_level": "Strong"}
 
-# pymilvus runs one Lite server per file per process and keeps it until exit; engines of one
-# process (a test's two catalogs, say) share it, so the last one to close stops it and frees the file.
-_lite_users: dict[str, int] = {}
-_lite_lock = threading.Lock()
-
-
-class _LiteUnimplemented(logging.Filter):
-    """Milvus Lite runs its gRPC server in this process and lacks some RPCs pymilvus tries first
-    (AllocTimestamp, when a query iterator starts; pymilvus then falls back by itself). grpc logs
-    each as an ERROR with a traceback on the user's terminal: drop exactly those records."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.exc_info and isinstance(record.exc_info[1], NotImplementedError))
-
 
 class _ClientSideSnapshot(logging.Filter):
     """A server before 2.4 returns no snapshot timestamp to a query iterator; pymilvus then warns
@@ -105,10 +86,6 @@ class _ClientSideSnapshot(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not record.getMessage().startswith("failed to get mvccTs")
-
-
-def is_lite(uri: str) -> bool:
-    return not uri.startswith(("http://", "https://", "tcp://", "unix:"))
 
 
 class MilvusStore:
@@ -230,7 +207,7 @@ class MilvusEngine:
     """`VectorEngine` over a `MilvusClient`, connected on first use (a process that only writes SQL
     never touches Milvus until it flushes)."""
 
-    name: EngineName = "milvus"
+    name = "milvus"
 
     def __init__(self, uri: str, token: str, tuning: SearchTuning) -> None:
         self.lite = is_lite(uri)
@@ -262,19 +239,7 @@ class MilvusEngine:
         started = time.perf_counter()
         if not self.lite:
             return self._connect_server()
-        Path(self.uri).parent.mkdir(parents=True, exist_ok=True)
-        grpc_log = logging.getLogger("grpc._server")
-        if not any(isinstance(f, _LiteUnimplemented) for f in grpc_log.filters):
-            grpc_log.addFilter(_LiteUnimplemented())
-        with _lite_lock:
-            try:
-                client = MilvusClient(uri=self.uri)
-            except MilvusException as exc:
-                if _lite_locked(Path(self.uri)):
-                    raise VectorStoreBusy(_busy_message(Path(self.uri))) from exc
-                raise VectorStoreUnavailable(f"cannot open the Milvus Lite file {self.uri}: {exc.message}") from exc
-            _lite_users[self.uri] = _lite_users.get(self.uri, 0) + 1
-            _write_owner(Path(self.uri))
+        client = open_lite(Path(self.uri))
         log.info("Milvus Lite %s opened in %.2f s", self.uri, time.perf_counter() - started)
         return client
 
@@ -312,20 +277,20 @@ class MilvusEngine:
         """Connect to a server now and learn what it supports (Lite: nothing to ask)."""
         self.capabilities()
 
-    def validate(self, factory: str, dim: int) -> None:
-        """`InvalidInput` unless `factory` maps to a Milvus index (milvus_plan.py)."""
-        plan_index(factory, dim, self.capabilities())
+    def validate(self, index: str, dim: int) -> None:
+        """`InvalidInput` unless `index` maps to a Milvus index (milvus_plan.py)."""
+        plan_index(index, dim, self.capabilities())
 
     def open(self, spec: StoreSpec, fetch: FetchVectors, filter_ids: FilterIds) -> MilvusStore:
         """The collection as Milvus holds it, created empty when missing and remade when its
         properties disagree with SQL (sync.py then fills it from SQL)."""
-        plan = plan_index(spec.factory, spec.dim, self.capabilities())
+        plan = plan_index(spec.index, spec.dim, self.capabilities())
         store = MilvusStore(self, spec, plan, fetch)
         client = self.client()
         wanted = {
             "cnclip.model": spec.model,
             "cnclip.dim": str(spec.dim),
-            "cnclip.index": spec.factory,
+            "cnclip.index": spec.index,
             "cnclip.fields": FIELDS,
         }
         if self.call(lambda: client.has_collection(store.name)):
@@ -388,62 +353,19 @@ class MilvusEngine:
             return
         client.close()
         if self.lite:
-            _release_lite(Path(self.uri))
+            release_lite(Path(self.uri))
+
+
+def open_engine(settings: Any, database_url: str) -> MilvusEngine:
+    """The registry's opener (indexer/engines.py): Milvus at `CNCLIP_MILVUS_URI` (a Lite file or a
+    server); the database URL plays no part (collections are named by their vector key)."""
+    from indexer.engines import search_tuning
+
+    token = settings.milvus_token.get_secret_value() if settings.milvus_token else ""
+    return MilvusEngine(settings.milvus_uri_or_default, token, search_tuning(settings))
 
 
 def collection_name(spec: StoreSpec) -> str:
     if not spec.vector_key.isalnum() or not spec.vector_key.isascii():
         raise VectorStoreUnavailable(f"collection {spec.name!r} has an unusable vector key")
     return f"cnclip_{spec.vector_key}"
-
-
-# --- the Lite file's owner -----------------------------------------------------------------------
-def _owner_path(path: Path) -> Path:
-    return path.with_name(path.name + ".owner")
-
-
-def _write_owner(path: Path) -> None:
-    """Say which process holds the file (read by a process that finds it locked)."""
-    owner = {"pid": os.getpid(), "command": " ".join(sys.argv)[:500], "since": time.strftime("%Y-%m-%d %H:%M:%S")}
-    temp = _owner_path(path).with_name(f"{path.name}.owner.tmp-{os.getpid()}")
-    temp.write_text(json.dumps(owner))
-    temp.replace(_owner_path(path))
-
-
-def _release_lite(path: Path) -> None:
-    with _lite_lock:
-        users = _lite_users.get(str(path), 0) - 1
-        if users > 0:
-            _lite_users[str(path)] = users
-            return
-        _lite_users.pop(str(path), None)
-        from milvus_lite.server_manager import server_manager_instance
-
-        server_manager_instance.release_server(str(path))
-        _owner_path(path).unlink(missing_ok=True)
-
-
-def _lite_locked(path: Path) -> bool:
-    """Whether another process holds the Lite file's lock (probed, then let go at once)."""
-    lock = path / "LOCK"
-    if not lock.exists():
-        return False
-    with open(lock, "a+b") as handle:
-        try:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            return True
-        fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-        return False
-
-
-def _busy_message(path: Path) -> str:
-    try:
-        owner = json.loads(_owner_path(path).read_text())
-        who = f"process {int(owner['pid'])} ({str(owner['command'])[:200]!r}, since {owner['since']})"
-    except (OSError, ValueError, KeyError, TypeError):
-        who = "another process (it left no owner file)"
-    return (
-        f"the Milvus Lite file {path} is in use by {who}; Milvus Lite takes one process per file. "
-        "Stop that process, or point CNCLIP_MILVUS_URI at a Milvus server for several processes."
-    )

@@ -1,11 +1,12 @@
 """The bulk indexing pipeline: read → embed → commit, each stage overlapping the next.
 
-reader threads (read bytes, sha256, probe the header) → batches of `batch_size` embedded by the
-encoder, `inflight` batches at once → one writer committing each batch to the catalog (SQL rows +
-vectors in one transaction, then FAISS). Incremental: a file whose size and mtime are unchanged
-(and whose st_ctime is older than its row) is not read; one whose bytes the collection has already
-is not embedded (a rename only moves its path). Bad files are recorded and skipped. A stop request finishes the batches in flight, so a
-re-run resumes without re-embedding anything that was committed.
+reader threads (read bytes, sha256, read the header once) → batches of `batch_size` embedded by the
+encoder, `inflight` batches at once → one writer committing each batch through the collection
+service (SQL rows + vectors in one transaction; the vector store is caught up once, at the end).
+Incremental: a file whose size and mtime are unchanged (and whose st_ctime is older than its row) is
+not read; one whose bytes the collection has already is not embedded (a rename only moves its path,
+indexer/routing.py). Bad files are recorded and skipped. A stop request finishes the batches in
+flight, so a re-run resumes without re-embedding anything that was committed.
 """
 
 from __future__ import annotations
@@ -19,53 +20,26 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
-from typing import Literal
 
 import numpy as np
 
+from indexer.index_summary import IndexSummary, ProgressCallback
 from indexer.reading import PreparedFile, read_file, read_taken
+from indexer.routing import FileRouter, MovePayload
 from indexer.service import CollectionService
 from indexer.sources import SourceEntry, load_entries
-from indexer.types import FileState, NewImage, TakenSource
-from retrieval.errors import InvalidImage, NotFound
+from indexer.types import FileState, NewImage
+from retrieval.errors import EncoderUnavailable, InvalidImage, NotFound
 from retrieval.preprocess import preprocess_image
 from retrieval.types import Encoder
 
+__all__ = ["ImageIndexer", "IndexSummary", "ProgressCallback"]
+
 log = logging.getLogger(__name__)
 
-
-@dataclass
-class IndexSummary:
-    """What a run did; `failures` are (path, reason) of the files it could not index."""
-
-    total: int = 0
-    added: int = 0
-    changed: int = 0  # files whose bytes changed, re-embedded
-    renamed: int = 0  # known bytes at a new path: path updated, nothing embedded
-    unchanged: int = 0
-    duplicates: int = 0  # same bytes as another file of the collection
-    not_images: int = 0  # folder files that are not images at all (not reported as failures)
-    deleted_before: int = 0  # bytes a user deleted from the collection: not added again
-    pruned: int = 0
-    would_index: int = 0  # --dry-run: images a real run would embed (read, decoded, hashed, deduplicated like one)
-    would_prune: int = 0
-    dated: int = 0  # unchanged files indexed before taken_at existed, dated now (nothing embedded)
-    would_date: int = 0  # --dry-run: such files
-    failures: list[tuple[str, str]] = field(default_factory=list)
-    interrupted: bool = False
-    seconds: float = 0.0
-    embedded: int = 0  # images that went through the encoder (for items/s)
-
-    @property
-    def skipped(self) -> int:
-        return self.unchanged + self.duplicates + self.not_images + self.deleted_before
-
-    @property
-    def done(self) -> int:
-        return self.added + self.changed + self.renamed + self.skipped + len(self.failures) + self.would_index
+Todo = list[tuple[SourceEntry, FileState | None]]
+Embedding = asyncio.Task[tuple[list[PreparedFile], np.ndarray]]
 
 
 def _unchanged(state: FileState, stat: os.stat_result) -> bool:
@@ -76,19 +50,13 @@ def _unchanged(state: FileState, stat: os.stat_result) -> bool:
     return state.size == stat.st_size and state.mtime == stat.st_mtime and recorded
 
 
-ProgressCallback = Callable[[IndexSummary], None]
-# (path updates (id, path, size, mtime), date updates (id, taken_at, source), ids to delete)
-MovePayload = tuple[list[tuple[int, str, int, float]], list[tuple[int, datetime, TakenSource]], list[int]]
-
-
 class ImageIndexer:
-    """Indexes a folder or manifest into one image collection with any `Encoder`, through the
-    collection service (which checks the collection's kind and model)."""
+    """Indexes a folder or manifest into one image collection through the collection service
+    (which checks the collection's kind and model) with the service's encoder."""
 
     def __init__(
         self,
         service: CollectionService,
-        encoder: Encoder,
         collection: str,
         *,
         batch_size: int = 32,
@@ -98,8 +66,6 @@ class ImageIndexer:
         restore_deleted: bool = False,
     ) -> None:
         self.service = service
-        self.catalog = service.catalog
-        self.encoder = encoder
         self.collection = collection
         self.batch_size = batch_size
         self.read_threads = read_threads
@@ -107,6 +73,12 @@ class ImageIndexer:
         self.index_factory = index_factory
         self.restore_deleted = restore_deleted
         self.undated: list[SourceEntry] = []  # unchanged files whose rows have no taken_at (from _plan)
+
+    @property
+    def encoder(self) -> Encoder:
+        if self.service.encoder is None:
+            raise EncoderUnavailable("indexing needs the model; this process runs none")
+        return self.service.encoder
 
     async def run(
         self,
@@ -123,43 +95,36 @@ class ImageIndexer:
         entries, problems = load_entries(source)
         summary = IndexSummary(total=len(entries) + len(problems), failures=list(problems))
         if dry_run:
-            # Reads, decodes and hashes what a real run would (without the model), so that `would_index`
-            # is exactly what it would embed and every file it would fail fails here.
-            states = self._states_if_exists()
-            todo = self._plan(entries, states, summary)
-            summary.would_date = len(self.undated)
-            summary.would_prune = sum(1 for path in states if prune and not os.path.exists(path))
-            report(summary)
-            await self._dry_run(todo, summary, stop, report)
-            summary.interrupted = stop.is_set()
-            summary.seconds = time.perf_counter() - started
-            return summary
-        self.service.ensure(self.collection, "images", self.index_factory)
-        if self.restore_deleted:
-            restored = self.catalog.forget_deletions(self.collection)
-            log.info("%s: %d deleted items may be indexed again", self.collection, restored)
-        todo = self._plan(entries, self.catalog.file_states(self.collection), summary)
-        report(summary)
-        if self.undated and not stop.is_set():
-            summary.dated = await asyncio.to_thread(self._date_unchanged, self.catalog.file_states(self.collection))
-        await self._index(todo, summary, stop, report)
-        if prune and not stop.is_set():
-            summary.pruned = await asyncio.to_thread(self._prune)
-        await asyncio.to_thread(self.catalog.flush, [self.collection])
+            await self._dry_run(entries, summary, stop, report, prune)
+        else:
+            await self._real_run(entries, summary, stop, report, prune)
         summary.interrupted = stop.is_set()
         summary.seconds = time.perf_counter() - started
         report(summary)
         return summary
 
-    def _states_if_exists(self) -> dict[str, FileState]:
-        try:
-            return self.catalog.file_states(self.collection)
-        except NotFound:
-            return {}
+    async def _real_run(
+        self,
+        entries: list[SourceEntry],
+        summary: IndexSummary,
+        stop: asyncio.Event,
+        report: ProgressCallback,
+        prune: bool,
+    ) -> None:
+        self.service.ensure(self.collection, "images", self.index_factory)
+        if self.restore_deleted:
+            restored = self.service.forget_deletions(self.collection)
+            log.info("%s: %d deleted items may be indexed again", self.collection, restored)
+        todo = self._plan(entries, self.service.file_states(self.collection), summary)
+        report(summary)
+        if self.undated and not stop.is_set():
+            summary.dated = await asyncio.to_thread(self._date_unchanged, self.service.file_states(self.collection))
+        await self._index(todo, summary, stop, report)
+        if prune and not stop.is_set():
+            summary.pruned = await asyncio.to_thread(self._prune)
+        await asyncio.to_thread(self.service.flush, self.collection)
 
-    def _plan(
-        self, entries: list[SourceEntry], states: dict[str, FileState], summary: IndexSummary
-    ) -> list[tuple[SourceEntry, FileState | None]]:
+    def _plan(self, entries: list[SourceEntry], states: dict[str, FileState], summary: IndexSummary) -> Todo:
         """Files that need reading: new ones and those whose size or mtime changed."""
         todo = []
         for entry in entries:
@@ -191,16 +156,49 @@ class ImageIndexer:
         return len(dated)
 
     def _prune(self) -> int:
-        gone = [s.id for path, s in self.catalog.file_states(self.collection).items() if not os.path.exists(path)]
-        return self.catalog.delete(gone, reason="pruned") if gone else 0
+        states = self.service.file_states(self.collection)
+        gone = [state.id for path, state in states.items() if not os.path.exists(path)]
+        return self.service.delete_items(gone, reason="pruned") if gone else 0
+
+    # --- the dry run ---------------------------------------------------------------------------
+    async def _dry_run(
+        self,
+        entries: list[SourceEntry],
+        summary: IndexSummary,
+        stop: asyncio.Event,
+        report: ProgressCallback,
+        prune: bool,
+    ) -> None:
+        """Reads, decodes and hashes what a real run would (without the model), so that `would_index`
+        is exactly what it would embed and every file it would fail fails here."""
+        try:
+            states = self.service.file_states(self.collection)
+            router = FileRouter(
+                self.service.content_index(self.collection), self.service.remembered_deletions(self.collection)
+            )
+        except NotFound:  # a collection a real run would create
+            states, router = {}, FileRouter({}, set())
+        todo = self._plan(entries, states, summary)
+        summary.would_date = len(self.undated)
+        summary.would_prune = sum(1 for path in states if prune and not os.path.exists(path))
+        report(summary)
+        # What the encoder runs on every image it embeds (retrieval/encoder.py), with the same limits:
+        # an image it would refuse is counted as failing, not as one to embed (and not again after
+        # every run). Decoded by the reader threads; only the files routed to the encoder count.
+        decode = functools.partial(
+            preprocess_image, max_bytes=self.service.max_image_bytes, max_pixels=self.service.max_image_pixels
+        )
+        async for prepared in self._read(todo, summary, stop, decode):
+            if router.route(prepared, summary) == "embed":
+                if prepared.decode_error is None:
+                    summary.would_index += 1
+                else:
+                    summary.failures.append((str(prepared.entry.path), prepared.decode_error))
+            report(summary)
 
     # --- stages ------------------------------------------------------------------------------
     async def _read(
-        self,
-        todo: list[tuple[SourceEntry, FileState | None]],
-        summary: IndexSummary,
-        stop: asyncio.Event,
-        decode: Callable[[bytes], object] | None = None,
+        self, todo: Todo, summary: IndexSummary, stop: asyncio.Event, decode: Callable[[bytes], object] | None = None
     ) -> AsyncIterator[PreparedFile]:
         """Files read and probed (and with `decode`, decoded) by the reader threads, in order, a
         bounded window ahead."""
@@ -240,63 +238,20 @@ class ImageIndexer:
                     summary.failures.append((str(prepared.entry.path), exc.message))
             return good, np.array(vectors, dtype=np.float32).reshape(len(good), self.encoder.dim)
 
-    async def _index(
-        self,
-        todo: list[tuple[SourceEntry, FileState | None]],
-        summary: IndexSummary,
-        stop: asyncio.Event,
-        report: ProgressCallback,
-    ) -> None:
-        contents = self.catalog.content_index(self.collection)
-        deleted = self.catalog.remembered_deletions(self.collection)
+    async def _index(self, todo: Todo, summary: IndexSummary, stop: asyncio.Event, report: ProgressCallback) -> None:
+        """Reader → encoder → writer: a producer routes the read files into embedding batches and
+        moves, the writer commits them in order. A failed batch stops everything; what was committed
+        stays (a rerun resumes from there)."""
+        router = FileRouter(
+            self.service.content_index(self.collection), self.service.remembered_deletions(self.collection)
+        )
         queue: asyncio.Queue[tuple[str, object] | None] = asyncio.Queue(maxsize=self.inflight)
-
-        embeddings: set[asyncio.Task[tuple[list[PreparedFile], np.ndarray]]] = set()  # in flight, not yet committed
-
-        def embed(batch: list[PreparedFile]) -> asyncio.Task[tuple[list[PreparedFile], np.ndarray]]:
-            task = asyncio.create_task(self._embed(batch, summary))
-            embeddings.add(task)
-            return task
-
-        async def produce() -> None:
-            batch: list[PreparedFile] = []
-            pending_shas: set[str] = set()
-            try:
-                async for prepared in self._read(todo, summary, stop):
-                    action = self._route(prepared, contents, deleted, pending_shas, summary)
-                    if action == "embed":
-                        batch.append(prepared)
-                        if len(batch) >= self.batch_size:
-                            await queue.put(("embed", embed(batch)))
-                            batch = []
-                    elif action is not None:
-                        await queue.put(("move", action))
-                if batch and not stop.is_set():
-                    await queue.put(("embed", embed(batch)))
-            except asyncio.CancelledError:
-                # The writer failed and cancelled this task: it reads no more, so never wait for room.
-                with contextlib.suppress(asyncio.QueueFull):
-                    queue.put_nowait(None)
-                raise
-            except BaseException:
-                await queue.put(None)  # the writer still runs: it commits what is queued, then stops
-                raise
-            await queue.put(None)
-
-        async def commit() -> None:
-            while (job := await queue.get()) is not None:
-                kind, payload = job
-                if kind == "move":
-                    await asyncio.to_thread(self._apply_move, payload)  # type: ignore[arg-type]
-                else:
-                    good, vectors = await payload  # type: ignore[misc]
-                    embeddings.discard(payload)  # type: ignore[arg-type]
-                    await asyncio.to_thread(self._commit, good, vectors, summary)
-                report(summary)
-
-        producer = asyncio.create_task(produce())
+        embeddings: set[Embedding] = set()  # in flight, not yet committed
+        producer = asyncio.create_task(self._produce(todo, router, queue, embeddings, summary, stop))
         try:
-            await commit()
+            while (job := await queue.get()) is not None:
+                await self._write(job, embeddings, summary)
+                report(summary)
         except BaseException:
             # A batch failed (e.g. the remote encoder is gone): stop reading and drop the batches in
             # flight. Everything committed so far stays; a rerun resumes from there.
@@ -306,86 +261,61 @@ class ImageIndexer:
             raise
         await producer
 
-    def _route(
+    async def _produce(
         self,
-        prepared: PreparedFile,
-        contents: dict[str, tuple[int, str | None]],
-        deleted: set[str],
-        pending_shas: set[str],
-        summary: IndexSummary,
-    ) -> Literal["embed"] | MovePayload | None:
-        """What a read file needs: "embed" (new bytes), a path/date update for bytes the collection
-        has, or nothing (deleted by a user earlier). Counts it in `summary`; the dry run uses it too."""
-        if prepared.sha256 in deleted and prepared.replaces is None:
-            summary.deleted_before += 1  # a user deleted these bytes: they stay deleted
-            return None
-        known = contents.get(prepared.sha256)
-        if known is None and prepared.sha256 not in pending_shas:
-            pending_shas.add(prepared.sha256)
-            return "embed"
-        return self._known_content(prepared, known, contents, summary)
-
-    async def _dry_run(
-        self,
-        todo: list[tuple[SourceEntry, FileState | None]],
+        todo: Todo,
+        router: FileRouter,
+        queue: asyncio.Queue[tuple[str, object] | None],
+        embeddings: set[Embedding],
         summary: IndexSummary,
         stop: asyncio.Event,
-        report: ProgressCallback,
     ) -> None:
-        try:
-            contents = self.catalog.content_index(self.collection)
-            deleted = self.catalog.remembered_deletions(self.collection)
-        except NotFound:  # a collection a real run would create
-            contents, deleted = {}, set()
-        # What the encoder runs on every image it embeds (retrieval/encoder.py), with the same limits:
-        # an image it would refuse is counted as failing, not as one to embed (and not again after
-        # every run). Decoded by the reader threads; only the files routed to the encoder count.
-        decode = functools.partial(
-            preprocess_image, max_bytes=self.catalog.max_image_bytes, max_pixels=self.catalog.max_image_pixels
-        )
-        pending_shas: set[str] = set()
-        async for prepared in self._read(todo, summary, stop, decode):
-            if self._route(prepared, contents, deleted, pending_shas, summary) == "embed":
-                if prepared.decode_error is None:
-                    summary.would_index += 1
-                else:
-                    summary.failures.append((str(prepared.entry.path), prepared.decode_error))
-            report(summary)
-        report(summary)  # the files that failed after the last good one
+        def embed(batch: list[PreparedFile]) -> Embedding:
+            task = asyncio.create_task(self._embed(batch, summary))
+            embeddings.add(task)
+            return task
 
-    def _known_content(
-        self,
-        prepared: PreparedFile,
-        known: tuple[int, str | None] | None,
-        contents: dict[str, tuple[int, str | None]],
-        summary: IndexSummary,
-    ) -> MovePayload:
-        """Bytes the collection has already: a touched file, a rename, or a duplicate. Returns
-        (path updates, date updates, ids to delete) for the writer."""
-        path = str(prepared.entry.path)
-        if known is None:  # same bytes as a file earlier in this run: it is being embedded now
-            summary.duplicates += 1
-            return [], [], [prepared.replaces] if prepared.replaces is not None else []
-        item_id, known_path = known
-        if known_path == path:
-            summary.unchanged += 1  # touched, same bytes: remember the new mtime only
-        elif known_path is None or not os.path.exists(known_path):
-            summary.renamed += 1
-            contents[prepared.sha256] = (item_id, path)
-        else:
-            summary.duplicates += 1
-            return [], [], [prepared.replaces] if prepared.replaces is not None else []
-        # Its date as read now: an mtime date follows the file's mtime, and a row from before 0003 gets one.
-        return [(item_id, path, prepared.size, prepared.mtime)], [(item_id, *prepared.taken)], []
+        batch: list[PreparedFile] = []
+        try:
+            async for prepared in self._read(todo, summary, stop):
+                action = router.route(prepared, summary)
+                if action == "embed":
+                    batch.append(prepared)
+                    if len(batch) >= self.batch_size:
+                        await queue.put(("embed", embed(batch)))
+                        batch = []
+                elif action is not None:
+                    await queue.put(("move", action))
+            if batch and not stop.is_set():
+                await queue.put(("embed", embed(batch)))
+        except asyncio.CancelledError:
+            # The writer failed and cancelled this task: it reads no more, so never wait for room.
+            with contextlib.suppress(asyncio.QueueFull):
+                queue.put_nowait(None)
+            raise
+        except BaseException:
+            await queue.put(None)  # the writer still runs: it commits what is queued, then stops
+            raise
+        await queue.put(None)
+
+    async def _write(self, job: tuple[str, object], embeddings: set[Embedding], summary: IndexSummary) -> None:
+        kind, payload = job
+        if kind == "move":
+            await asyncio.to_thread(self._apply_move, payload)  # type: ignore[arg-type]
+            return
+        task: Embedding = payload  # type: ignore[assignment]
+        good, vectors = await task
+        embeddings.discard(task)
+        await asyncio.to_thread(self._commit, good, vectors, summary)
 
     def _apply_move(self, payload: MovePayload) -> None:
         updates, dates, deletes = payload
         if updates:
-            self.catalog.update_files(self.collection, updates)
+            self.service.update_files(self.collection, updates)
         if dates:
             self.service.set_taken(self.collection, dates)
         if deletes:
-            self.catalog.delete(deletes, reason="replaced")
+            self.service.delete_items(deletes, reason="replaced")
 
     def _commit(self, batch: list[PreparedFile], vectors: np.ndarray, summary: IndexSummary) -> None:
         if not batch:

@@ -9,10 +9,10 @@ from dataclasses import dataclass
 
 from indexer.safe_open import FileRefused, open_inside
 from indexer.sources import SourceEntry, looks_like_image
-from indexer.taken import Taken, taken_of
+from indexer.taken import Taken, taken_from, taken_of
 from indexer.types import FileState
 from retrieval.errors import InvalidImage
-from retrieval.preprocess import probe_image
+from retrieval.preprocess import read_header
 
 
 @dataclass
@@ -54,21 +54,24 @@ def read_file(
     except OSError as exc:
         return str(entry.path), f"cannot read: {exc.strerror or exc}"
     try:
-        mime, width, height = probe_image(data)
+        header = read_header(data)  # the one header read of this file: format, size, EXIF date
     except InvalidImage as exc:
         if entry.listed or looks_like_image(entry.path, data[:16]):
             return str(entry.path), exc.message
         return None
     sha = hashlib.sha256(data).hexdigest()
     replaces = state.id if state is not None and state.sha256 != sha else None
-    taken = taken_of(data, mtime)
+    taken = taken_from(header, mtime)
     decode_error = None
     if decode is not None:
         try:
             decode(data)
         except InvalidImage as exc:
             decode_error = exc.message
-    return PreparedFile(entry, data, sha, mime, width, height, len(data), mtime, replaces, taken, decode_error)
+    size = len(data)
+    return PreparedFile(
+        entry, data, sha, header.mime, header.width, header.height, size, mtime, replaces, taken, decode_error
+    )
 
 
 def read_taken(entry: SourceEntry) -> Taken | None:

@@ -20,18 +20,14 @@ from sqlalchemy import Engine, delete, exists, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from indexer.media import media_file, media_lock, media_writes, store_media
+from indexer.media_sweep import remove_unused_copies
 from indexer.models import CollectionRow, DeletedItemRow, ItemRow, ItemTagRow, VectorRow, utcnow
 from indexer.names import collection_key
+from indexer.row_inserts import NewRows, known_shas, remembered_shas
 from indexer.sql_values import aware, chunks, naive_utc
 from indexer.types import AddResult, CollectionKind, CollectionState, FileState, ItemRecord, SearchFilters
 from indexer.vector_store import ItemAttrs
 from retrieval.errors import Conflict, NotFound
-
-# Every column a bulk insert names (a multi-row INSERT needs the same keys in every row).
-_EMPTY_ITEM: dict[str, Any] = dict.fromkeys(
-    ("path", "root", "size", "mime", "width", "height", "caption", "mtime", "taken_at", "taken_source")
-)
 
 
 def _epoch(naive_utc: datetime | None) -> float | None:
@@ -46,7 +42,7 @@ def _state(row: CollectionRow) -> CollectionState:
         kind=row.kind,  # type: ignore[arg-type]
         model=row.model,
         dim=row.dim,
-        factory=row.index_factory,
+        index=row.index_factory,
         version=int(row.version or 0),
         vector_key=row.vector_key,
         created_at=aware(row.created_at),
@@ -145,7 +141,7 @@ class ItemRows:
             ).all()
             session.execute(delete(CollectionRow).where(CollectionRow.id == collection_id))
             session.commit()
-        self._remove_unused_copies(uploads)
+        remove_unused_copies(self.media_dir, uploads, self.uploads_in_use)
 
     # --- writes ----------------------------------------------------------------------------------
     def add(
@@ -161,17 +157,11 @@ class ItemRows:
         # The media lock (taken before the first copy is written, released after the session closes)
         # keeps the start-up sweep of another process from deleting a copy before its row commits.
         with ExitStack() as media_guard, Session(self.engine, expire_on_commit=False) as session:
-            media_locked = False
             version = bump_version(session, collection.id)
-            known: dict[str, int] = {}
-            for part in chunks(sorted({row["sha256"] for row in rows})):
-                query = select(ItemRow.sha256, ItemRow.id).where(
-                    ItemRow.collection_id == collection.id, ItemRow.sha256.in_(part)
-                )
-                known.update(list(session.execute(query)))
+            known = known_shas(session, collection.id, {row["sha256"] for row in rows})
             # Read after the version bump, which a user's deletion takes too: a deletion that committed
             # while this batch was being embedded is seen here, so its bytes do not come back.
-            deleted = self._remembered_among(
+            deleted = remembered_shas(
                 session, collection.id, sorted({row["sha256"] for row in rows if row.get("path") is not None})
             )
             replaced = sorted({int(r) for r in (replace or []) if r is not None})
@@ -179,55 +169,12 @@ class ItemRows:
                 # Superseded rows go first so that the unique (collection, sha256) never trips on them.
                 self._delete_rows(session, collection.id, replaced, version, "replaced", remembered=False)
                 known = {sha: i for sha, i in known.items() if i not in replaced}
-            results: list[AddResult] = []
-            new_positions: list[int] = []
-            new_values: list[dict[str, Any]] = []
-            first_of_sha: dict[str, int] = {}  # sha -> index in new_values (duplicates within the batch)
-            now = utcnow()
+            batch = NewRows(collection, version, known, deleted, self.media_dir, media_guard)
             for position, row in enumerate(rows):
-                sha = row["sha256"]
-                if sha in deleted and row.get("path") is not None:
-                    results.append(AddResult(0, False, deleted_by_user=True))
-                    continue
-                if sha in known:
-                    results.append(AddResult(known[sha], False))
-                    continue
-                if sha in first_of_sha:
-                    results.append(AddResult(-1 - first_of_sha[sha], False))  # resolved once ids exist
-                    continue
-                data = row.pop("data", None)
-                if collection.kind == "images" and row.get("path") is None and data is not None:
-                    if not media_locked:
-                        media_guard.enter_context(media_writes(self.media_dir))
-                        media_locked = True
-                    store_media(self.media_dir, sha, row["mime"], data)
-                first_of_sha[sha] = len(new_values)
-                values = {**_EMPTY_ITEM, **row, "collection_id": collection.id, "version": version}
-                new_values.append({**values, "created_at": now, "updated_at": now})
-                new_positions.append(position)
-                results.append(AddResult(-1 - first_of_sha[sha], True))
-            new_ids: list[int] = []
-            if new_values:
-                # Core bulk inserts (one multi-row INSERT … RETURNING): the ORM unit of work cost ~3 ms a row.
-                insert_items = insert(ItemRow).returning(ItemRow.id, sort_by_parameter_order=True)
-                new_ids = [int(i) for i in session.scalars(insert_items, new_values)]
-                session.execute(
-                    insert(VectorRow),
-                    [
-                        {"item_id": item_id, "model": collection.model, "vector": unit[position].tobytes()}
-                        for item_id, position in zip(new_ids, new_positions, strict=True)
-                    ],
-                )
-                tags = [
-                    {"item_id": item_id, "tag": tag}
-                    for item_id, values in zip(new_ids, new_values, strict=True)
-                    for tag in sorted(set(values["tags"]))
-                ]
-                if tags:
-                    session.execute(insert(ItemTagRow), tags)
-            final = [AddResult(new_ids[-1 - r.id], r.created) if r.id < 0 else r for r in results]
+                batch.take(position, row)
+            results = batch.insert(session, unit)
             session.commit()
-            return final, version
+            return results, version
 
     def update_files(self, collection_id: int, moves: Sequence[tuple[int, str, int, float]]) -> None:
         """Record (item id, new path, size, mtime) for files renamed or touched without new content."""
@@ -255,23 +202,8 @@ class ItemRows:
                 orphans += self._delete_rows(session, collection_id, ids, version, reason, remembered)
                 removed[collection_id] = len(ids)
             session.commit()
-        self._remove_unused_copies(orphans)
+        remove_unused_copies(self.media_dir, orphans, self.uploads_in_use)
         return removed
-
-    def _remove_unused_copies(self, copies: Sequence[tuple[str, str | None]]) -> None:
-        """Unlink the upload copies (sha256, mime) that no row names any more, in any collection.
-
-        Asked under the media lock, exclusively: a writer holds it shared from writing or touching its
-        copy (the same content-addressed file) until the row naming it commits, so the answer here
-        counts every row that will ever name these bytes. Asked before taking the lock, it would miss
-        an upload of the same bytes to another collection committing meanwhile, whose file would go."""
-        if not copies:
-            return
-        with media_lock(self.media_dir, exclusive=True):
-            in_use = self.uploads_in_use(sorted({sha for sha, _ in copies}))
-            for sha, mime in copies:
-                if sha not in in_use:
-                    media_file(self.media_dir, sha, mime).unlink(missing_ok=True)
 
     def _delete_rows(
         self, session: Session, collection_id: int, ids: list[int], version: int, reason: str, remembered: bool
@@ -314,19 +246,6 @@ class ItemRows:
             for part in chunks(list(shas)):
                 query = select(ItemRow.sha256).where(ItemRow.sha256.in_(part), ItemRow.path.is_(None)).distinct()
                 found.update(session.scalars(query))
-        return found
-
-    @staticmethod
-    def _remembered_among(session: Session, collection_id: int, shas: Sequence[str]) -> set[str]:
-        """Which of `shas` a user deleted from the collection (and did not restore)."""
-        found: set[str] = set()
-        for part in chunks(list(shas)):
-            query = select(DeletedItemRow.sha256).where(
-                DeletedItemRow.collection_id == collection_id,
-                DeletedItemRow.remembered,
-                DeletedItemRow.sha256.in_(part),
-            )
-            found.update(session.scalars(query))
         return found
 
     def remembered_deletions(self, collection_id: int) -> set[str]:

@@ -15,19 +15,16 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
 
 import numpy as np
 
 from indexer.rows import ItemRows
-from indexer.types import CollectionState
-from indexer.vector_index import id_checksum
-from indexer.vector_store import VectorStore
+from indexer.types import CollectionState, Progress
+from indexer.vector_store import VectorStore, id_checksum
 
 log = logging.getLogger(__name__)
 
 CHUNK = 20_000  # vectors fetched from SQL per step when a store is filled
-Progress = Callable[[int, int], None]  # (vectors added so far, vectors to add)
 
 
 def _summary(ids: np.ndarray) -> tuple[int, int, int]:

@@ -14,13 +14,10 @@ without embedding anything again.
 
 from __future__ import annotations
 
-import io
 import logging
-import warnings
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta, timezone
 
-from PIL import Image
 from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session
 
@@ -28,12 +25,11 @@ from indexer.models import CollectionRow, ItemRow
 from indexer.rows import bump_version
 from indexer.sql_values import chunks, naive_utc
 from indexer.types import TakenSource
+from retrieval.errors import CnclipError
+from retrieval.preprocess import ImageHeader, read_header
 
 log = logging.getLogger(__name__)
 
-EXIF_IFD = 0x8769
-DATETIME_ORIGINAL = 0x9003
-OFFSET_TIME_ORIGINAL = 0x9011
 # Older than photography, or later than tomorrow: a camera whose clock was never set, not a date.
 EARLIEST = datetime(1826, 1, 1, tzinfo=UTC)
 
@@ -41,17 +37,13 @@ Taken = tuple[datetime, TakenSource]  # (aware UTC, source)
 
 
 def exif_taken(data: bytes) -> datetime | None:
-    """DateTimeOriginal of an image's EXIF as an aware UTC datetime; None when absent or not a date."""
+    """DateTimeOriginal of an image's EXIF as an aware UTC datetime; None when absent, not a date, or
+    not an image at all."""
     try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # Pillow warns about odd EXIF; a bad date is just no date
-            with Image.open(io.BytesIO(data)) as image:
-                if image.format == "PNG":
-                    image.load()  # a PNG's eXIf chunk is read with the pixels; PNGs are rarely camera photos
-                exif = image.getexif().get_ifd(EXIF_IFD)
-    except Exception:  # noqa: BLE001 - any unreadable EXIF means "no date", never a failed file
+        header = read_header(data, max_bytes=len(data) or 1, max_pixels=2**62)
+    except CnclipError:
         return None
-    return parse_exif_datetime(exif.get(DATETIME_ORIGINAL), exif.get(OFFSET_TIME_ORIGINAL))
+    return parse_exif_datetime(header.date_original, header.offset_original)
 
 
 def parse_exif_datetime(value: object, offset: object = None) -> datetime | None:
@@ -86,14 +78,24 @@ def _offset(value: object) -> timezone | None:
     return timezone(timedelta(minutes=-minutes if text[0] == "-" else minutes))
 
 
-def taken_of(data: bytes, mtime: float | None) -> Taken:
-    """When a photo was taken and how we know: its EXIF date, else its file's mtime, else now (an upload)."""
-    exif = exif_taken(data)
+def taken_from(header: ImageHeader | None, mtime: float | None) -> Taken:
+    """When a photo was taken and how we know: the EXIF date its header carries, else its file's
+    mtime, else now (an upload). `header` is the one the caller read anyway (`read_header`)."""
+    exif = parse_exif_datetime(header.date_original, header.offset_original) if header is not None else None
     if exif is not None:
         return exif, "exif"
     if mtime is not None:
         return datetime.fromtimestamp(mtime, UTC), "mtime"
     return datetime.now(UTC), "upload"
+
+
+def taken_of(data: bytes, mtime: float | None) -> Taken:
+    """`taken_from` for bytes whose header nobody has read yet (one `read_header`)."""
+    try:
+        header: ImageHeader | None = read_header(data, max_bytes=len(data) or 1, max_pixels=2**62)
+    except CnclipError:
+        header = None
+    return taken_from(header, mtime)
 
 
 def set_taken(engine: Engine, collection_id: int, updates: Sequence[tuple[int, datetime, TakenSource]]) -> int:

@@ -4,15 +4,14 @@ embedding it into a text collection."""
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
 
 from indexer.service import CollectionService
+from indexer.sql_values import text_sha
 from indexer.types import NewText
 from retrieval.errors import InvalidInput
-from retrieval.types import Encoder
 
 
 def read_texts(path: Path) -> list[NewText]:
@@ -46,7 +45,6 @@ def read_texts(path: Path) -> list[NewText]:
 
 async def index_texts(
     service: CollectionService,
-    encoder: Encoder,
     collection: str,
     texts: list[NewText],
     *,
@@ -54,18 +52,17 @@ async def index_texts(
     index_factory: str | None = None,
     on_progress: Callable[[int, int], None] | None = None,
 ) -> tuple[int, int]:
-    """Embed and add texts (a text collection for image → text); returns (added, already there)."""
+    """Embed and add texts with the service's model (a text collection for image → text); returns
+    (added, already there)."""
     service.ensure(collection, "texts", index_factory)
-    catalog = service.catalog
-    known = set(catalog.content_index(collection))
-    fresh = [t for t in texts if hashlib.sha256(t.text.encode("utf-8")).hexdigest() not in known]
+    known = set(service.content_index(collection))
+    fresh = [t for t in texts if text_sha(t.text) not in known]
     added = 0
     for start in range(0, len(fresh), batch_size):
         batch = fresh[start : start + batch_size]
-        vectors = await encoder.embed_texts([t.text for t in batch])
-        results = await asyncio.to_thread(service.add_texts, collection, batch, vectors)
+        results = await service.add_text_items(collection, batch)
         added += sum(r.created for r in results)
         if on_progress:
             on_progress(len(batch), added)
-    await asyncio.to_thread(catalog.flush, [collection])
+    await asyncio.to_thread(service.flush, collection)
     return added, len(texts) - added

@@ -1,11 +1,11 @@
-"""Records the catalog hands out, and the `Catalog` interface the API and CLI code against.
+"""Records the catalog hands out, and the `Catalog` interface the collection service codes against.
 
 Plain dataclasses: no SQLAlchemy objects ever leave the indexer package.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal, Protocol
@@ -25,9 +25,9 @@ class CollectionInfo:
     kind: CollectionKind
     model: str  # model id the vectors were made with
     dim: int
-    index: str  # FAISS factory string, e.g. "Flat" or "IVF1024,PQ64"
+    index: str  # index description (indexer/index_spec.py), e.g. "Flat" or "IVF1024,PQ64"
     items: int  # rows in SQL
-    vectors: int  # vectors in the FAISS index (equal to items once reconciled)
+    vectors: int  # vectors in the engine (equal to items once reconciled)
     created_at: datetime | None = None
 
 
@@ -120,7 +120,7 @@ class CollectionState:
     kind: CollectionKind
     model: str
     dim: int
-    factory: str
+    index: str  # index description (indexer/index_spec.py)
     version: int
     vector_key: str
     created_at: datetime | None
@@ -140,39 +140,57 @@ class FileState:
     recorded_at: float | None = None
 
 
-class Catalog(Protocol):
-    """SQL + FAISS behind one interface. Methods are synchronous and thread-safe: the API calls
-    them from worker threads (never on the event loop). One writer at a time; searches run
-    concurrently with writes. Unknown collections or items raise `retrieval.errors.NotFound`."""
+Progress = Callable[[int, int], None]  # (vectors added so far, vectors to add)
 
+
+class Catalog(Protocol):
+    """What the collection service (indexer/service.py) needs of storage: SQL + a vector engine
+    behind one interface (indexer/catalog.py `SqlCatalog`). Synchronous and thread-safe: the API
+    calls it from worker threads (never on the event loop). One writer at a time; searches run
+    concurrently with writes. Unknown collections or items raise `retrieval.errors.NotFound`.
+    It stores what it is given: the rules are the service's."""
+
+    # --- collections: SQL only, never a vector store -------------------------------------------
     def create_collection(
         self, name: str, kind: CollectionKind, model: str, dim: int, index: str = "Flat"
     ) -> CollectionInfo: ...
+
+    def collection(self, name: str) -> CollectionState: ...
+
+    def collections(self) -> list[CollectionState]:
+        """Every collection, oldest first."""
 
     def get_collection(self, name: str) -> CollectionInfo: ...
 
     def list_collections(self) -> list[CollectionInfo]: ...
 
-    def ensure_collection(
-        self, name: str, kind: CollectionKind, model: str, dim: int, index: str | None = None
-    ) -> CollectionInfo:
-        """The collection `name`, created if missing; `Conflict` if it exists with another kind/model/dim."""
+    def delete_collection(self, name: str) -> int: ...
 
-    def default_collection(self, kind: CollectionKind) -> CollectionInfo | None:
-        """The collection searches use when the request names none: the only one, or the oldest."""
+    def remembered_count(self, collection: str) -> int: ...
 
-    def add_images(self, collection: str, images: Sequence[NewImage], vectors: np.ndarray) -> list[AddResult]: ...
+    def remembered_deletions(self, collection: str) -> set[str]: ...
+
+    def forget_deletions(self, collection: str) -> int: ...
+
+    # --- writes ----------------------------------------------------------------------------------
+    def add_images(
+        self,
+        collection: str,
+        images: Sequence[NewImage],
+        vectors: np.ndarray,
+        *,
+        replace: Sequence[int | None] | None = None,
+    ) -> list[AddResult]: ...
 
     def add_texts(self, collection: str, texts: Sequence[NewText], vectors: np.ndarray) -> list[AddResult]: ...
 
-    def delete(self, item_ids: Sequence[int]) -> int: ...
+    def update_files(self, collection: str, moves: Sequence[tuple[int, str, int, float]]) -> None: ...
 
-    def ping(self) -> None:
-        """One cheap read of the database; raises `DatabaseUnavailable` when it does not answer."""
-        ...
+    def set_taken(self, collection: str, updates: Sequence[tuple[int, datetime, TakenSource]]) -> None: ...
 
-    def delete_collection(self, name: str) -> int: ...
+    def delete(self, item_ids: Sequence[int], *, reason: str, remember: bool) -> int: ...
 
+    # --- reads -----------------------------------------------------------------------------------
     def get(self, item_id: int) -> ItemRecord: ...
 
     def get_many(self, item_ids: Sequence[int]) -> list[ItemRecord]:
@@ -181,11 +199,31 @@ class Catalog(Protocol):
     def vector(self, item_id: int) -> np.ndarray:
         """The stored vector of an item (for "similar images" by id)."""
 
-    def media_bytes(self, item_id: int) -> bytes:
+    def read_media(self, item: ItemRecord) -> bytes:
         """The item's image bytes, exactly as indexed (`indexer.media_check`); `NotFound` / `MediaChanged`."""
 
+    def check_media(self, item: ItemRecord) -> None: ...
+
+    def file_states(self, collection: str) -> dict[str, FileState]: ...
+
+    def content_index(self, collection: str) -> dict[str, tuple[int, str | None]]: ...
+
+    def sort_keys(self, item_ids: Sequence[int]) -> dict[int, tuple[datetime | None, datetime | None]]: ...
+
+    # --- the vector engine: a store is opened on first use ---------------------------------------------
     def search(
         self, collection: str, vector: np.ndarray, k: int, filters: SearchFilters | None = None
     ) -> list[Hit]: ...
+
+    def vector_count(self, collection: str) -> int: ...
+
+    def flush(self, names: Sequence[str] = ()) -> None: ...
+
+    def rebuild(self, name: str, on_progress: Progress | None = None) -> int: ...
+
+    def reconcile_all(self) -> None: ...
+
+    def ping(self) -> None:
+        """One cheap read of the database; raises `DatabaseUnavailable` when it does not answer."""
 
     def close(self) -> None: ...

@@ -19,9 +19,8 @@ import os
 import struct
 import threading
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +29,11 @@ import numpy as np
 
 from indexer.disk_full import write_atomically
 from indexer.index_spec import FLAT, IndexSpec, InvalidIndexDescription, parse_index
+from indexer.vector_store import FetchVectors, SearchTuning
 
 log = logging.getLogger(__name__)
 
 MAGIC = b"CNCLIPIX1"
-FetchVectors = Callable[[np.ndarray], np.ndarray]  # ids -> (len(ids), dim) float32, same order
 
 
 class IndexFileError(Exception):
@@ -80,15 +79,6 @@ class ReadWriteLock:
                 self._cond.notify_all()
 
 
-@dataclass(frozen=True)
-class SearchTuning:
-    rerank_factor: int = 4  # approximate indexes fetch k*rerank_factor candidates, then re-rank exactly
-    nprobe: int = 32  # IVF lists visited per query
-    ef_search: int = 128  # HNSW candidate list size
-    train_min: int = 10_000  # vectors needed before a non-flat factory is trained and used
-    exact_filter_max: int = 4096  # filters matching at most this many items are searched exactly
-
-
 def training_threshold(spec: IndexSpec, tuning: SearchTuning) -> int:
     """Vectors a collection needs before `spec` replaces Flat (IVF wants ~39 points per list)."""
     if not spec.needs_training:
@@ -105,12 +95,6 @@ def stored_spec(factory: str, dim: int) -> IndexSpec | None:
     except InvalidIndexDescription as exc:
         log.warning("index %r is not one this version builds (%s): searching it exactly (Flat)", factory, exc)
         return None
-
-
-def id_checksum(ids: np.ndarray) -> int:
-    """Order-independent checksum of a set of ids (reconcile compares count, max id and this)."""
-    mixed = (np.asarray(ids, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ np.uint64(0xBF58476D1CE4E5B9)
-    return int(np.bitwise_xor.reduce(mixed)) if len(mixed) else 0
 
 
 class VectorIndex:

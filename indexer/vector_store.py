@@ -1,4 +1,7 @@
-"""The vector engine behind one protocol: FAISS files (embedded default) or Milvus (scale-out).
+"""The vector engine behind one protocol, and what every engine shares: the search tuning, the id
+checksum reconciling uses, the records a store is opened with. Engine-neutral: nothing here knows
+FAISS or Milvus; the engines (indexer/faiss_store.py, indexer/milvus_store.py) are chosen from the
+registry in indexer/engines.py.
 
 A `VectorEngine` is opened once per catalog; it hands out one `VectorStore` per collection. A store
 is derived data: ids are SQL item ids, vectors are the L2-normalised copies stored in SQL, and
@@ -12,36 +15,46 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal, Protocol
+from typing import Protocol
 
 import numpy as np
 
+from indexer.errors import VectorStoreBusy, VectorStoreIncompatible, VectorStoreUnavailable
 from indexer.types import SearchFilters
-from retrieval.errors import CnclipError
 
-EngineName = Literal["faiss", "milvus"]
+__all__ = [
+    "FetchVectors",
+    "FilterIds",
+    "ItemAttrs",
+    "SearchTuning",
+    "StoreSpec",
+    "VectorEngine",
+    "VectorStore",
+    "VectorStoreBusy",
+    "VectorStoreIncompatible",
+    "VectorStoreUnavailable",
+    "id_checksum",
+]
+
 FetchVectors = Callable[[np.ndarray], np.ndarray]  # ids -> (len(ids), dim) float32, same order
 FilterIds = Callable[[SearchFilters], np.ndarray]  # filters -> the ids that pass them (from SQL)
 
 
-class VectorStoreBusy(CnclipError):
-    """The engine's storage is held by another process that cannot share it (a Milvus Lite file
-    takes one process); the message names that process."""
+@dataclass(frozen=True)
+class SearchTuning:
+    """How hard searches look, for every engine (settings `CNCLIP_SEARCH_RERANK_FACTOR`, `CNCLIP_INDEX_*`)."""
 
-    code = "vector_store_busy"
-
-
-class VectorStoreUnavailable(CnclipError):
-    """The engine cannot be reached or opened (a Milvus server down, a damaged Milvus Lite file)."""
-
-    code = "vector_store_unavailable"
+    rerank_factor: int = 4  # approximate indexes fetch k*rerank_factor candidates, then re-rank exactly
+    nprobe: int = 32  # IVF lists visited per query
+    ef_search: int = 128  # HNSW candidate list size
+    train_min: int = 10_000  # vectors needed before a non-flat index is trained and used (FAISS)
+    exact_filter_max: int = 4096  # filters matching at most this many items are searched exactly
 
 
-class VectorStoreIncompatible(CnclipError):
-    """The engine refuses what we ask for good (a Milvus older than the minimum, a request its version
-    cannot parse): retrying cannot help, so it is not `VectorStoreUnavailable`'s "retry in a moment"."""
-
-    code = "vector_store_incompatible"
+def id_checksum(ids: np.ndarray) -> int:
+    """Order-independent checksum of a set of ids (reconcile compares count, max id and this)."""
+    mixed = (np.asarray(ids, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ np.uint64(0xBF58476D1CE4E5B9)
+    return int(np.bitwise_xor.reduce(mixed)) if len(mixed) else 0
 
 
 @dataclass(frozen=True)
@@ -61,7 +74,7 @@ class StoreSpec:
     collection_id: int
     name: str
     dim: int
-    factory: str  # index description, e.g. Flat, HNSW32, IVF1024,Flat, IVF1024,PQ64
+    index: str  # index description (indexer/index_spec.py), e.g. Flat, HNSW32, IVF1024,Flat, IVF1024,PQ64
     model: str
     vector_key: str  # names the collection inside a shared engine (Milvus), never reused
 
@@ -92,14 +105,15 @@ class VectorStore(Protocol):
 
 class VectorEngine(Protocol):
     @property
-    def name(self) -> EngineName: ...
+    def name(self) -> str:
+        """Its name in the registry (indexer/engines.py), as `CNCLIP_VECTOR_STORE` says it."""
 
     def check(self) -> None:
         """Raise now what would stop this engine later: `VectorStoreIncompatible` for a server this
         code cannot use (too old), `VectorStoreUnavailable` for one it cannot reach."""
 
-    def validate(self, factory: str, dim: int) -> None:
-        """`InvalidInput` when this engine cannot build `factory` for `dim`-d vectors."""
+    def validate(self, index: str, dim: int) -> None:
+        """`InvalidInput` when this engine cannot build the index described by `index` for `dim`-d vectors."""
 
     def open(self, spec: StoreSpec, fetch: FetchVectors, filter_ids: FilterIds) -> VectorStore:
         """The collection's store as saved (possibly stale or empty: sync.py reconciles it)."""

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import io
 import struct
+import warnings
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 from PIL import Image, ImageOps, UnidentifiedImageError
@@ -86,38 +88,89 @@ def _mime(image: Image.Image) -> str:
     return Image.MIME.get(image.format or "", "application/octet-stream")
 
 
+@dataclass(frozen=True)
+class ImageHeader:
+    """What an image's header says, read once without decoding pixels: the format, the size as
+    displayed (EXIF-rotated) and the EXIF date fields, raw (indexer/taken.py reads the date)."""
+
+    mime: str
+    width: int
+    height: int
+    date_original: object = None  # EXIF DateTimeOriginal (0x9003 of the Exif IFD), as stored
+    offset_original: object = None  # EXIF OffsetTimeOriginal (0x9011), as stored
+
+
+EXIF_IFD = 0x8769
+DATETIME_ORIGINAL = 0x9003
+OFFSET_TIME_ORIGINAL = 0x9011
+ORIENTATION = 0x0112
+
+
+def read_header(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES, max_pixels: int = DEFAULT_MAX_PIXELS) -> ImageHeader:
+    """The `ImageHeader` of `data`: one `Image.open`, no pixel decoding. Raises `InvalidImage` (or
+    `PayloadTooLarge`) for anything `preprocess_image` would refuse at the header stage; a truncated
+    body is only noticed by `preprocess_image`."""
+    _check_size(data, max_bytes)
+    image = _open(data, max_pixels)
+    exif = _exif(image, data)
+    width, height = image.size
+    if int(exif.get(ORIENTATION, 1) or 1) in (5, 6, 7, 8):  # the transposing/rotating-by-90° orientations
+        width, height = height, width
+    dates = _exif_dates(exif)
+    return ImageHeader(_mime(image), width, height, *dates)
+
+
 def probe_image(
     data: bytes, max_bytes: int = DEFAULT_MAX_BYTES, max_pixels: int = DEFAULT_MAX_PIXELS
 ) -> tuple[str, int, int]:
-    """(mime type, width, height) from the header only, width/height as displayed (EXIF-rotated).
-
-    Cheap (no pixel decoding); raises `InvalidImage` for anything `preprocess_image` would refuse
-    at the header stage. A truncated body is only noticed by `preprocess_image`.
-    """
-    _check_size(data, max_bytes)
-    image = _open(data, max_pixels)
-    width, height = image.size
-    if _orientation(image) in (5, 6, 7, 8):  # the transposing/rotating-by-90° orientations
-        width, height = height, width
-    return _mime(image), width, height
+    """(mime type, width, height) from the header only, width/height as displayed (see `read_header`)."""
+    header = read_header(data, max_bytes, max_pixels)
+    return header.mime, header.width, header.height
 
 
-def _orientation(image: Image.Image) -> int:
-    """The EXIF orientation, read without decoding pixels. Pillow's `getexif()` on a PNG decodes the whole
-    image to look for an eXIf chunk after the pixel data (0.6 s for a 7000×7000 PNG, on every upload), so
-    for PNG only a chunk before the pixels (where the PNG spec asks for it) is read here; the decoder
-    (`decode_image`) still applies one that comes later."""
+def _exif(image: Image.Image, data: bytes) -> Image.Exif:
+    """The image's EXIF, read without decoding pixels (empty when unreadable: the pixels are what they
+    are). Pillow's `getexif()` on a PNG decodes the whole image to look for an eXIf chunk after the
+    pixel data (0.6 s for a 7000×7000 PNG, on every upload), so a PNG's chunks are walked instead."""
+    exif = Image.Exif()
     try:
-        if image.format == "PNG":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # Pillow warns about odd EXIF; odd EXIF is no EXIF
+            if image.format != "PNG":
+                return image.getexif()
             raw = image.info.get("exif")
-            if not isinstance(raw, bytes):
-                return 1
-            exif = Image.Exif()
-            exif.load(raw)
-            return int(exif.get(0x0112, 1))
-        return int(image.getexif().get(0x0112, 1))
+            raw = raw if isinstance(raw, bytes) else _png_exif_chunk(data)
+            if raw:
+                exif.load(raw)
     except _DECODE_ERRORS:
-        return 1  # unreadable EXIF: the pixels are what they are
+        return Image.Exif()
+    return exif
+
+
+def _png_exif_chunk(data: bytes) -> bytes | None:
+    """The body of a PNG's eXIf chunk wherever it is (the spec wants it before the pixel data, some
+    writers put it after), found by stepping over chunk headers: no pixel is inflated."""
+    position = 8  # the signature
+    while position + 8 <= len(data):
+        (length,) = struct.unpack(">I", data[position : position + 4])
+        kind = data[position + 4 : position + 8]
+        if kind == b"eXIf":
+            return data[position + 8 : position + 8 + length]
+        if kind == b"IEND":
+            return None
+        position += 12 + length  # length, type, body, crc
+    return None
+
+
+def _exif_dates(exif: Image.Exif) -> tuple[object, object]:
+    """(DateTimeOriginal, OffsetTimeOriginal) as stored; (None, None) when absent or unreadable."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fields = exif.get_ifd(EXIF_IFD)
+        return fields.get(DATETIME_ORIGINAL), fields.get(OFFSET_TIME_ORIGINAL)
+    except _DECODE_ERRORS:
+        return None, None
 
 
 def _to_8_bit(image: Image.Image) -> Image.Image:

@@ -66,6 +66,29 @@ def _image_graph(batch: int, image_size: int, pool: int, proj: np.ndarray) -> on
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
 
 
+def _rounded(w: np.ndarray, levels: float) -> np.ndarray:
+    """`w` rounded to `levels` steps each side of 0 (1.0: as it is)."""
+    if levels == 1.0:
+        return w
+    scale = np.abs(w).max() / levels
+    return (np.round(w / scale) * scale).astype(np.float32)
+
+
+def _text_graphs(
+    precision: str, buckets: tuple[int, ...], text_lengths: tuple[int, ...], embedding: np.ndarray, proj: np.ndarray
+) -> tuple[dict[str, onnx.ModelProto], dict[int, dict[int, str]]]:
+    """The text graphs of one precision (file -> graph): the full length per bucket, and the shorter
+    lengths (length -> bucket -> file)."""
+    graphs = {f"text.{precision}.b{b}.onnx": _text_graph(b, CONTEXT_LENGTH, embedding, proj) for b in buckets}
+    short: dict[int, dict[int, str]] = {}
+    for b in buckets:
+        for length in text_lengths:
+            file = f"text.{precision}.b{b}.l{length}.onnx"
+            graphs[file] = _text_graph(b, length, embedding, proj)
+            short.setdefault(length, {})[b] = file
+    return graphs, short
+
+
 def write_toy_model(
     directory: Path,
     dim: int = 32,
@@ -95,28 +118,19 @@ def write_toy_model(
     for precision, levels in variants:
         # The "int8" variant rounds the weights to 8-bit levels: a different graph with nearby answers,
         # which is what tests of precision choice need (real int8 graphs come from `cnclip convert`).
-        def q(w: np.ndarray, levels: float = levels) -> np.ndarray:
-            if levels == 1.0:
-                return w
-            scale = np.abs(w).max() / levels
-            return (np.round(w / scale) * scale).astype(np.float32)
-
-        for tower in ("image", "text"):
-            graphs = {}
-            for b in buckets:
-                file = f"{tower}.{precision}.b{b}.onnx"
-                if tower == "text":
-                    graphs[file] = _text_graph(b, CONTEXT_LENGTH, q(embedding), q(text_proj))
-                    for length in text_lengths:
-                        short = f"text.{precision}.b{b}.l{length}.onnx"
-                        graphs[short] = _text_graph(b, length, q(embedding), q(text_proj))
-                        short_text.setdefault(precision, {}).setdefault(length, {})[b] = short
-                else:
-                    graphs[file] = _image_graph(b, image_size, pool, q(image_proj))
-                towers[tower].setdefault(precision, {})[b] = file
+        text_graphs, short_text[precision] = _text_graphs(
+            precision, buckets, text_lengths, _rounded(embedding, levels), _rounded(text_proj, levels)
+        )
+        image_graphs = {
+            f"image.{precision}.b{b}.onnx": _image_graph(b, image_size, pool, _rounded(image_proj, levels))
+            for b in buckets
+        }
+        for tower, graphs in (("image", image_graphs), ("text", text_graphs)):
+            towers[tower][precision] = {b: f"{tower}.{precision}.b{b}.onnx" for b in buckets}
             data_name = f"{tower}.{precision}.data"
             save_sharing_weights(graphs, directory, data_name)
             data_files.append(data_name)
+    short_text = {precision: lengths for precision, lengths in short_text.items() if lengths}
 
     manifest = ModelManifest(
         name=name,

@@ -40,7 +40,7 @@ CAPTIONS = ["一只猫", "一只狗", "一辆汽车", "海边的日落", "a red 
 
 def open_test_catalog(settings: Settings) -> Catalog:
     """The real catalog (SQLite + FAISS under the settings' data dir)."""
-    from indexer.engines import open_catalog
+    from indexer.runtime import open_catalog
 
     return open_catalog(settings)
 

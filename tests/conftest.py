@@ -43,7 +43,7 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
 @pytest.fixture(scope="session")
 def python_repo(toy_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The toy model exported with `--backend python --max-batch 16`: what the real Triton serves."""
-    from retrieval.triton_export import ExportOptions, export_triton_repository
+    from retrieval.toolchain.triton.export import ExportOptions, export_triton_repository
 
     out = tmp_path_factory.mktemp("triton-python") / "repo"
     export_triton_repository(toy_model_dir, out, ExportOptions(backend="python", max_batch=16, queue_delay_us=2000))
@@ -52,11 +52,11 @@ def python_repo(toy_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -
 
 @pytest.fixture(autouse=True)
 def project_log_levels() -> Iterator[None]:
-    """Every `cnclip` command run in-process sets the project loggers' levels (api/cli_logging.py);
+    """Every `cnclip` command run in-process sets the project loggers' levels (cli/log_setup.py);
     put them back, so that no test depends on which command another test ran before it."""
     import logging
 
-    from api.cli_logging import PROJECT_LOGGERS
+    from cli.log_setup import PROJECT_LOGGERS
 
     levels = {name: logging.getLogger(name).level for name in PROJECT_LOGGERS}
     yield

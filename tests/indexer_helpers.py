@@ -17,8 +17,8 @@ from sqlalchemy.exc import DBAPIError
 from api.config import Settings
 from indexer.catalog import SqlCatalog
 from indexer.db import DatabaseUnavailable
-from indexer.engines import open_catalog
-from indexer.service import CollectionService, ModelIdentity
+from indexer.runtime import open_catalog
+from indexer.service import CollectionService
 
 
 def jpeg(seed: int, size: tuple[int, int] = (24, 16)) -> bytes:
@@ -44,6 +44,16 @@ def open_test_catalog(data_dir: Path, database_url: str, **overrides: object) ->
     return open_catalog(catalog_settings(data_dir, database_url, **overrides))
 
 
+def create_once(catalog: SqlCatalog, name: str, kind: str, model: str, dim: int, index: str = "Flat") -> None:
+    """Create the collection unless it exists (engine tests fill one collection in several steps)."""
+    import contextlib
+
+    from retrieval.errors import Conflict
+
+    with contextlib.suppress(Conflict):
+        catalog.create_collection(name, kind, model, dim, index)  # type: ignore[arg-type]
+
+
 def faiss_file(settings: Settings, collection_id: int) -> Path:
     """Where the FAISS engine keeps a collection's file for these settings (without opening it)."""
     from indexer.engines import open_vector_engine
@@ -62,7 +72,7 @@ def faiss_index(catalog: SqlCatalog, name: str) -> Any:
 
 def service_for(catalog: SqlCatalog, encoder: Any, **options: Any) -> CollectionService:
     """The collection service for `encoder`'s model over `catalog`."""
-    return CollectionService(catalog, ModelIdentity(encoder.model_id, encoder.dim), **options)
+    return CollectionService(catalog, encoder, **options)
 
 
 def random_unit(n: int, dim: int, seed: int = 0) -> np.ndarray:
@@ -87,7 +97,7 @@ def cli_env(data_dir: Path, database_url: str, model_dir: Path, **extra: str) ->
 
 def start_cli(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-c", "from demo.cli import main; main()", *args],
+        [sys.executable, "-c", "from cli.main import main; main()", *args],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

@@ -1,5 +1,5 @@
 """A real Triton Inference Server for the tests and benchmarks, started the way the README starts it:
-`cnclip triton-server REPO --http-port N --grpc-port 0` (api/triton_server.py) in a subprocess, so
+`cnclip triton-server REPO --http-port N --grpc-port 0` (retrieval/toolchain/triton/server.py) in a subprocess, so
 that the README's path is the tested path. The server is the `tritonserver` binary of the
 `nvidia-pytriton` wheel (Triton 2.51, Python backend only, no onnxruntime backend).
 
@@ -27,13 +27,13 @@ from pathlib import Path
 
 import httpx
 
-from api.triton_server import unavailable_reason
+from retrieval.toolchain.triton.server import unavailable_reason
 from tests.kserve_server import free_port
 
 __all__ = ["CNCLIP", "RealTriton", "unavailable_reason"]
 
 STARTUP_TIMEOUT_S = 90.0
-CNCLIP = [sys.executable, "-c", "from demo.cli import main; main()"]  # the `cnclip` program, this interpreter
+CNCLIP = [sys.executable, "-c", "from cli.main import main; main()"]  # the `cnclip` program, this interpreter
 
 
 def _children(pid: int) -> list[int]:

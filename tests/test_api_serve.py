@@ -14,7 +14,7 @@ import pytest
 from fastapi import FastAPI
 from typer.testing import CliRunner
 
-from api.cli import build_cli
+from cli.main import build_cli
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -113,7 +113,7 @@ def test_an_empty_api_key_is_refused_at_start_in_one_line(
 ) -> None:
     """`CNCLIP_API_KEY=` is not silently "no key" (nor a key an empty header matches): exit 2, one line."""
     started: list[Any] = []
-    monkeypatch.setattr("api.serve_cli.run_server", lambda app, *args, **kwargs: started.append(app))
+    monkeypatch.setattr("cli.serving.run_server", lambda app, *args, **kwargs: started.append(app))
     monkeypatch.setenv("CNCLIP_MODEL_DIR", str(toy_model_dir))
     monkeypatch.setenv("CNCLIP_DATA_DIR", str(tmp_path))
     monkeypatch.setenv("CNCLIP_API_KEY", key)

@@ -37,7 +37,7 @@ def client(tmp_path_factory: pytest.TempPathFactory, toy_model_dir) -> Iterator[
             assert r.status_code == 201, r.text
         yield c
     # The lifespan closed what it opened.
-    assert app.state.encoder is None and app.state.catalog is None
+    assert app.state.encoder is None and app.state.service is None and app.state.runtime is None
 
 
 def embed_text(client: TestClient, texts: list[str]) -> np.ndarray:

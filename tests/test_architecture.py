@@ -1,5 +1,9 @@
-"""Dependencies point one way (demo → api → indexer → retrieval), also for imports made by string
-(`importlib.import_module("x")`, `__import__`), and serving never imports torch."""
+"""The architecture, checked: dependencies point one way (cli → demo → api → indexer → retrieval; nothing
+imports cli), also for imports made by string (`importlib.import_module("x")`, `__import__`); serving
+never imports torch; typer and rich live in cli/ only; routes, commands, the demo and the indexing
+pipeline reach storage only through the collection service; nothing outside the engine registry
+branches on an engine's name; the runtime core of retrieval/ never imports its toolchain; modules and
+functions stay short. Every rule has a test that shows its checker catching a sample."""
 
 from __future__ import annotations
 
@@ -12,16 +16,21 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 # package -> top-level modules it must never import
+CLI_ONLY = {"cli", "typer", "rich"}  # the command line, and the libraries only it uses
 FORBIDDEN = {
-    "retrieval": {"fastapi", "starlette", "sqlalchemy", "alembic", "indexer", "api", "demo", "torch", "cn_clip"},
-    "indexer": {"fastapi", "starlette", "api", "demo", "torch", "cn_clip"},
-    "api": {"demo", "torch", "cn_clip"},
+    "retrieval": {"fastapi", "starlette", "sqlalchemy", "alembic", "indexer", "api", "demo", "torch", "cn_clip"}
+    | CLI_ONLY,
+    "indexer": {"fastapi", "starlette", "api", "demo", "torch", "cn_clip"} | CLI_ONLY,
+    "api": {"demo", "torch", "cn_clip"} | CLI_ONLY,
+    "demo": CLI_ONLY,
+    "migrations": {"api", "demo"} | CLI_ONLY,
+    "web": CLI_ONLY,
 }
 # A string literal that names a module, in a file that imports by string, counts as an import of it.
 _MODULE_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
 _IMPORTS_BY_STRING = ("import_module", "__import__", "find_spec", "import_string")
 # Conversion and training are the only places torch may live.
-TORCH_ALLOWED = ("retrieval/convert/",)
+TORCH_ALLOWED = ("retrieval/toolchain/convert/",)
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -76,3 +85,215 @@ def test_checker_sees_imports_made_by_string(tmp_path: Path) -> None:
     plain = tmp_path / "p.py"
     plain.write_text("label = 'demo'\n")  # a string in a file that never imports by string
     assert "demo" not in imported_modules(plain)
+
+
+# --- full module paths ------------------------------------------------------------------------------
+def imported_paths(path: Path) -> set[str]:
+    """Full dotted modules a file imports (`from indexer import catalog` is `indexer.catalog`), by
+    statement anywhere in it (inside functions too) and by string, as `imported_modules` counts them."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    paths: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            paths.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            paths.add(node.module)
+            paths.update(f"{node.module}.{alias.name}" for alias in node.names)
+    if imported_modules(path) - {p.split(".")[0] for p in paths}:  # imports by string: every module-like literal
+        paths.update(
+            node.value
+            for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and _MODULE_NAME.match(node.value)
+        )
+    return paths
+
+
+def _python_files(*roots: str) -> list[Path]:
+    return sorted(p for root in roots for p in (ROOT / root).rglob("*.py") if "versions" not in p.parts)
+
+
+def _rel(path: Path) -> str:
+    return path.relative_to(ROOT).as_posix()
+
+
+def test_checker_sees_full_module_paths(tmp_path: Path) -> None:
+    sample = tmp_path / "route.py"
+    sample.write_text("def f():\n    from indexer import catalog\n    from indexer.rows import ItemRows\n")
+    assert {"indexer.catalog", "indexer.rows"} <= imported_paths(sample)
+    by_string = tmp_path / "s.py"
+    by_string.write_text("import importlib\nimportlib.import_module('indexer.faiss_store')\n")
+    assert "indexer.faiss_store" in imported_paths(by_string)
+
+
+# --- one door to storage ------------------------------------------------------------------------------
+# The storage modules: only the collection service, the runtime that builds it and the storage layer
+# itself may import them. Routes, commands, the demo and the bulk indexer's own modules call the service.
+STORAGE = {
+    f"indexer.{name}"
+    for name in (
+        "catalog", "rows", "engines", "faiss_store", "milvus_store", "milvus_plan", "sync", "store_pool",
+        "vector_index", "vector_store", "db", "models", "media", "media_check", "media_sweep", "thumbnails",
+        "row_inserts",
+    )
+}  # fmt: skip
+THROUGH_THE_SERVICE = ("api/", "cli/", "demo/", "indexer/pipeline.py", "indexer/texts.py", "indexer/routing.py")
+
+
+def storage_reached_around_the_service(path: Path) -> set[str]:
+    """The storage modules a file imports (from `STORAGE`, also by importing something out of one)."""
+    return {s for p in imported_paths(path) for s in STORAGE if p == s or p.startswith(s + ".")}
+
+
+def test_routes_commands_and_the_pipeline_reach_storage_only_through_the_service() -> None:
+    offenders = [
+        f"{_rel(path)}: {', '.join(sorted(bad))}"
+        for path in _python_files("api", "cli", "demo", "indexer")
+        if _rel(path).startswith(THROUGH_THE_SERVICE) and (bad := storage_reached_around_the_service(path))
+    ]
+    assert not offenders, "storage reached around the collection service:\n" + "\n".join(offenders)
+
+
+def test_checker_sees_storage_reached_around_the_service(tmp_path: Path) -> None:
+    sample = tmp_path / "items.py"
+    sample.write_text(
+        "from indexer.service import CollectionService\n"
+        "from indexer.media_check import read_media\n"
+        "def route():\n    from indexer import catalog\n"
+    )
+    assert storage_reached_around_the_service(sample) == {"indexer.media_check", "indexer.catalog"}
+    door = tmp_path / "ok.py"
+    door.write_text("from indexer.service import CollectionService\nfrom indexer.runtime import open_runtime\n")
+    assert storage_reached_around_the_service(door) == set()
+
+
+def catalog_reach_through(path: Path) -> list[int]:
+    """Lines where a file reaches the catalog behind an object (`service.catalog`, `rt.catalog`): no
+    import needed, so the import rule alone would not see it."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    return sorted(n.lineno for n in ast.walk(tree) if isinstance(n, ast.Attribute) and n.attr in ("catalog", "rows"))
+
+
+def test_no_reach_through_the_service_to_the_catalog() -> None:
+    offenders = [
+        f"{_rel(path)}: lines {lines}"
+        for path in _python_files("api", "cli", "demo", "indexer")
+        if _rel(path).startswith(THROUGH_THE_SERVICE) and (lines := catalog_reach_through(path))
+    ]
+    assert not offenders, "the catalog reached behind the service:\n" + "\n".join(offenders)
+
+
+def test_checker_sees_a_reach_through(tmp_path: Path) -> None:
+    sample = tmp_path / "route.py"
+    sample.write_text("def f(service):\n    service.search('x')\n    return service.catalog.get(1)\n")
+    assert catalog_reach_through(sample) == [3]
+
+
+# --- engines are chosen in the registry only ------------------------------------------------------------
+# The registry and the engines' own modules may name engines; nothing else branches on a name.
+ENGINE_MODULES = ("indexer/engines.py", "indexer/faiss_store.py", "indexer/milvus_store.py", "indexer/milvus_plan.py")
+
+
+def engine_name_branches(path: Path, names: set[str]) -> list[int]:
+    """Lines where a file compares a value with an engine name, keys a dict by one, or matches one."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+    def names_engine(node: ast.AST | None) -> bool:
+        if isinstance(node, ast.Constant):
+            return node.value in names
+        if isinstance(node, ast.Tuple | ast.List | ast.Set):
+            return any(names_engine(element) for element in node.elts)
+        return False
+
+    lines = []
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Compare)
+            and any(names_engine(n) for n in (node.left, *node.comparators))
+            or isinstance(node, ast.Dict)
+            and any(names_engine(key) for key in node.keys)
+            or isinstance(node, ast.MatchValue)
+            and names_engine(node.value)
+        ):
+            lines.append(node.lineno)
+    return sorted(lines)
+
+
+def test_nothing_outside_the_registry_branches_on_an_engine_name() -> None:
+    from indexer.engines import ENGINES
+
+    offenders = [
+        f"{_rel(path)}: lines {lines}"
+        for path in _python_files("api", "cli", "demo", "indexer", "retrieval")
+        if _rel(path) not in ENGINE_MODULES and (lines := engine_name_branches(path, set(ENGINES)))
+    ]
+    assert not offenders, "engine chosen by name outside indexer/engines.py:\n" + "\n".join(offenders)
+
+
+def test_checker_sees_a_branch_on_an_engine_name(tmp_path: Path) -> None:
+    sample = tmp_path / "open.py"
+    sample.write_text(
+        "if settings.vector_store == 'milvus':\n    pass\n"
+        "ok = name in ('faiss', 'other')\n"
+        "openers = {'faiss': 1}\n"
+        "match name:\n    case 'milvus':\n        pass\n"
+        "label = 'milvus'  # a string is not a branch\n"
+    )
+    assert engine_name_branches(sample, {"faiss", "milvus"}) == [1, 3, 4, 6]
+
+
+# --- the runtime core apart from the toolchain ---------------------------------------------------------------
+def toolchain_imports(path: Path) -> set[str]:
+    return {p for p in imported_paths(path) if p == "retrieval.toolchain" or p.startswith("retrieval.toolchain.")}
+
+
+def test_the_runtime_core_never_imports_the_toolchain() -> None:
+    offenders = [
+        f"{_rel(path)}: {', '.join(sorted(bad))}"
+        for path in _python_files("retrieval")
+        if not _rel(path).startswith("retrieval/toolchain/") and (bad := toolchain_imports(path))
+    ]
+    assert not offenders, "the runtime core imports the toolchain:\n" + "\n".join(offenders)
+
+
+def test_checker_sees_the_core_importing_the_toolchain(tmp_path: Path) -> None:
+    sample = tmp_path / "encoder.py"
+    sample.write_text("def f():\n    from retrieval.toolchain.convert import model\n")
+    assert toolchain_imports(sample) == {"retrieval.toolchain.convert", "retrieval.toolchain.convert.model"}
+
+
+# --- short modules and functions ---------------------------------------------------------------------------
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+SIZED = ("api", "benchmarks", "cli", "demo", "indexer", "migrations", "retrieval")
+
+
+def too_long(path: Path) -> list[str]:
+    """The module, if it has more than MAX_MODULE_LINES lines, and every function (a method, a nested
+    one) longer than MAX_FUNCTION_LINES, from its `def` to its last line."""
+    text = path.read_text(encoding="utf-8")
+    found = []
+    if len(text.splitlines()) > MAX_MODULE_LINES:
+        found.append(f"{len(text.splitlines())} lines")
+    for node in ast.walk(ast.parse(text, filename=str(path))):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            length = (node.end_lineno or node.lineno) - node.lineno + 1
+            if length > MAX_FUNCTION_LINES:
+                found.append(f"{node.name}() {length} lines")
+    return found
+
+
+def test_modules_and_functions_are_short() -> None:
+    offenders = [f"{_rel(path)}: {', '.join(found)}" for path in _python_files(*SIZED) if (found := too_long(path))]
+    assert not offenders, "split these by responsibility:\n" + "\n".join(offenders)
+
+
+def test_checker_sees_a_long_module_and_a_long_function(tmp_path: Path) -> None:
+    body = "\n".join(f"        x{i} = {i}" for i in range(MAX_FUNCTION_LINES))
+    sample = tmp_path / "long.py"
+    sample.write_text(
+        f"def short():\n    return 1\n\n\nclass C:\n    def long(self):\n{body}\n" + "\n" * MAX_MODULE_LINES
+    )
+    assert too_long(sample) == [
+        f"{MAX_MODULE_LINES + MAX_FUNCTION_LINES + 6} lines",
+        f"long() {MAX_FUNCTION_LINES + 1} lines",
+    ]

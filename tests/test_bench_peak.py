@@ -19,7 +19,7 @@ from benchmarks.peak import (
     peak_for,
     percent_of_peak,
 )
-from retrieval.convert.quantize import to_int8
+from retrieval.toolchain.convert.quantize import to_int8
 
 
 def weight(name: str, *shape: int) -> onnx.TensorProto:

@@ -103,7 +103,7 @@ def test_deleted_items_are_not_brought_back_by_indexing(tmp_path: Path, catalog)
     write_images(folder, 6)
 
     def index(**options: object):
-        return asyncio.run(ImageIndexer(service, encoder, "photos", batch_size=4, **options).run(folder))  # type: ignore[arg-type]
+        return asyncio.run(ImageIndexer(service, "photos", batch_size=4, **options).run(folder))  # type: ignore[arg-type]
 
     assert index().added == 6
     states = catalog.file_states("photos")
@@ -125,14 +125,14 @@ def test_pruned_and_replaced_rows_are_not_remembered(tmp_path: Path, catalog) ->
     service = service_for(catalog, encoder)
     folder = tmp_path / "photos"
     files = write_images(folder, 3)
-    asyncio.run(ImageIndexer(service, encoder, "photos").run(folder))
+    asyncio.run(ImageIndexer(service, "photos").run(folder))
     files[0].unlink()
     files[1].write_bytes(jpeg(99))  # new bytes at a known path
-    summary = asyncio.run(ImageIndexer(service, encoder, "photos").run(folder, prune=True))
+    summary = asyncio.run(ImageIndexer(service, "photos").run(folder, prune=True))
     assert summary.pruned == 1 and summary.changed == 1
     assert catalog.remembered_count("photos") == 0
     files[0].write_bytes(jpeg(0))  # the pruned file is back: it is indexed again
-    assert asyncio.run(ImageIndexer(service, encoder, "photos").run(folder)).added == 1
+    assert asyncio.run(ImageIndexer(service, "photos").run(folder)).added == 1
 
 
 def test_a_second_catalog_on_the_same_database_sees_adds_and_deletes(tmp_path: Path, database_url: str) -> None:
@@ -149,7 +149,7 @@ def test_a_second_catalog_on_the_same_database_sees_adds_and_deletes(tmp_path: P
             assert time.monotonic() < deadline, "adds of another process not searchable within 2 s"
             time.sleep(0.05)
         assert server.search("photos", vectors[2], k=1)[0].id == ids[2]
-        writer.delete(ids[:2])
+        writer.delete(ids[:2], reason="user", remember=True)
         deadline = time.monotonic() + 2.0
         while {h.id for h in server.search("photos", vectors[0], k=10)} & set(ids[:2]):
             assert time.monotonic() < deadline, "deletes of another process still found after 2 s"
@@ -192,3 +192,42 @@ def test_unknown_collection_is_404_and_deleting_one_needs_its_name(catalog) -> N
         service.search("nothing", "images", random_unit(1, DIM)[0], PageRequest(k=3))
     with pytest.raises(NotFound):
         service.delete_collection("nothing")
+
+
+def test_defaults_kind_and_model_are_the_services_rules_with_one_error(catalog) -> None:
+    """The rules the catalog once repeated (its own `ensure_collection`, `default_collection` and
+    kind/model checks, where a model mismatch was a 409) live in the service only: one rule, one
+    error (422), whichever entry point meets it."""
+    service = service_for(catalog, FakeEncoder(dim=DIM, model_id="fake"))
+    first = service.create("photos", "images")
+    service.create("captions", "texts")
+    service.create("more", "images")
+    assert service.resolve(None, "images").name == "photos"  # the oldest
+    assert service.resolve(None, "texts").name == "captions"
+    assert service.ensure("photos", "images").id == first.id
+    other = service_for(catalog, FakeEncoder(dim=DIM, model_id="other-model"))
+    with pytest.raises(InvalidInput, match="Re-index it with this model") as ensured:
+        other.ensure("photos", "images")
+    with pytest.raises(InvalidInput, match="Re-index it with this model") as added:
+        other.add_images("photos", images(1), random_unit(1, DIM))
+    assert str(ensured.value) == str(added.value)
+    with pytest.raises(InvalidInput, match="collection 'captions' holds texts; adding images needs an image"):
+        service.add_images("captions", images(1), random_unit(1, DIM))
+    assert not hasattr(catalog, "ensure_collection") and not hasattr(catalog, "default_collection")
+    assert catalog.get_collection("photos").items == catalog.get_collection("captions").items == 0
+
+
+def test_resolve_reads_sql_and_opens_no_vector_store(catalog) -> None:
+    """Which collection a request means is SQL's answer: resolving (and writing) opens no store, so a
+    bulk indexer needs the engine only for its final flush; a search opens it."""
+    service = service_for(catalog, FakeEncoder(dim=DIM))
+    service.create("photos", "images")
+    opened: list[str] = []
+    real_open = catalog.vectors.open
+    catalog.vectors.open = lambda spec, *rest: opened.append(spec.name) or real_open(spec, *rest)  # type: ignore[method-assign]
+    service.resolve("photos", "images")
+    service.resolve(None, "images")
+    service.add_images("photos", images(3), random_unit(3, DIM))
+    assert opened == [] and catalog.stores.held(catalog.collection("photos").id) is None
+    found = service.search("photos", "images", random_unit(1, DIM)[0], PageRequest(k=5))
+    assert opened == ["photos"] and len(found.results) == 3

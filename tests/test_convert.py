@@ -15,15 +15,15 @@ import torch.nn.functional as F
 from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
-from api.cli import build_cli
-from retrieval.convert import pipeline
-from retrieval.convert.checkpoint import build_model, load_checkpoint
-from retrieval.convert.parity import PARITY_SENTENCES, run_in_buckets, sample_images
-from retrieval.convert.report import REPORT_NAME
-from retrieval.convert.simplify import gemm_to_matmul, simplify_graph
+from cli.main import build_cli
 from retrieval.errors import ModelError
 from retrieval.manifest import ModelManifest
 from retrieval.tokenizer import tokenize
+from retrieval.toolchain.convert import pipeline
+from retrieval.toolchain.convert.checkpoint import build_model, load_checkpoint
+from retrieval.toolchain.convert.parity import PARITY_SENTENCES, run_in_buckets, sample_images
+from retrieval.toolchain.convert.report import REPORT_NAME
+from retrieval.toolchain.convert.simplify import gemm_to_matmul, simplify_graph
 from tests.test_convert_model import TINY_VIT, official_checkpoint, reference_model
 
 BUCKETS = (1, 4)
@@ -161,7 +161,7 @@ def test_graphs_match_cnclip_reference_model(
 
 
 def test_parity_gate_failure_is_clear_and_leaves_no_manifest(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from retrieval.convert import quantize
+    from retrieval.toolchain.convert import quantize
 
     def broken_fp16(model: onnx.ModelProto) -> onnx.ModelProto:
         converted = quantize.to_fp16(model)

@@ -22,12 +22,12 @@ import torch
 import torch.nn.functional as F
 from typer.testing import CliRunner
 
-from api.cli import build_cli
-from retrieval.convert.parity import PARITY_SENTENCES, sample_images
-from retrieval.convert.quantize import to_fp16
-from retrieval.convert.report import REPORT_NAME
+from cli.main import build_cli
 from retrieval.manifest import ModelManifest
 from retrieval.tokenizer import tokenize
+from retrieval.toolchain.convert.parity import PARITY_SENTENCES, sample_images
+from retrieval.toolchain.convert.quantize import to_fp16
+from retrieval.toolchain.convert.report import REPORT_NAME
 from tests.test_convert_model import TINY_VIT, reference_model
 
 runner = CliRunner()

@@ -1,6 +1,6 @@
-"""`retrieval.convert.model` computes what cn_clip's own model.py computes, from the same state dict.
+"""`retrieval.toolchain.convert.model` computes what cn_clip's own model.py computes, from the same state dict.
 
-cn_clip is imported by file path (`retrieval.convert.cnclip_reference`: its package __init__ needs
+cn_clip is imported by file path (`retrieval.toolchain.convert.cnclip_reference`: its package __init__ needs
 torchvision); these tests prove that the official parameter names load strictly and that both towers
 give the same numbers.
 """
@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 import torch
 
-from retrieval.convert.checkpoint import build_model, load_checkpoint
-from retrieval.convert.cnclip_reference import load_cnclip_model_module
-from retrieval.convert.model import ARCHITECTURES, CLIP, architecture_config
 from retrieval.errors import ModelError
+from retrieval.toolchain.convert.checkpoint import build_model, load_checkpoint
+from retrieval.toolchain.convert.cnclip_reference import load_cnclip_model_module
+from retrieval.toolchain.convert.model import ARCHITECTURES, CLIP, architecture_config
 
 TINY_VIT: dict[str, Any] = {
     "embed_dim": 32,
@@ -167,7 +167,7 @@ def test_checkpoint_may_carry_its_config(tmp_path: Path) -> None:
 
 def test_random_init_has_no_constant_parameters() -> None:
     """Zero biases / unit LayerNorm weights would be folded away, unlike in a trained checkpoint's graph."""
-    from retrieval.convert.checkpoint import vary_constant_parameters
+    from retrieval.toolchain.convert.checkpoint import vary_constant_parameters
 
     model = CLIP.from_config(TINY_VIT)
     constant = [n for n, p in model.named_parameters() if p.numel() > 1 and bool((p == p.reshape(-1)[0]).all())]

@@ -21,8 +21,7 @@ from sqlalchemy import create_engine
 
 from indexer.db import create_db_engine
 from indexer.milvus_store import MilvusEngine
-from indexer.vector_index import SearchTuning
-from indexer.vector_store import StoreSpec
+from indexer.vector_store import SearchTuning, StoreSpec
 from tests.conftest import EngineUnderTest
 from tests.indexer_helpers import cli_env, open_test_catalog, start_cli, wait_for_items
 from tests.test_crash_safety import GOOD_FILES, assert_found_by_content, kill_trials, make_folder
@@ -31,12 +30,12 @@ from tests.test_crash_safety import GOOD_FILES, assert_found_by_content, kill_tr
 def milvus_ids_as_left(data_dir: Path, database_url: str, milvus: EngineUnderTest) -> tuple[np.ndarray, np.ndarray]:
     """(ids in the Milvus collection as the last run left it, SQL's ids), nothing reconciled."""
     catalog = open_test_catalog(data_dir / "probe", database_url)  # SQL only: FAISS, another data dir
-    state = catalog.state("photos")
+    state = catalog.collection("photos")
     sql_ids = catalog.sql_ids("photos")
     catalog.close()
     engine = MilvusEngine(milvus.milvus_uri or str(data_dir / "milvus.db"), "", SearchTuning())
     try:
-        spec = StoreSpec(state.id, state.name, state.dim, state.factory, state.model, state.vector_key)
+        spec = StoreSpec(state.id, state.name, state.dim, state.index, state.model, state.vector_key)
         store = engine.open(spec, lambda ids: np.zeros((len(ids), state.dim), np.float32), lambda _: np.empty(0))
         return np.sort(store.ids()), sql_ids
     finally:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from api.cli import build_cli
+from cli.main import build_cli
 from indexer.db import DatabaseRefused, check_database, head_revision
 from tests.indexer_helpers import open_test_catalog
 
@@ -60,7 +60,7 @@ def test_serve_refuses_an_empty_database_file_in_one_line(
 
     monkeypatch.setattr(faiss, "omp_set_num_threads", lambda n: None)  # keep this process's FAISS as it was
     started: list[object] = []
-    monkeypatch.setattr("api.serve_cli.run_server", lambda app, *args, **kwargs: started.append(app))
+    monkeypatch.setattr("cli.serving.run_server", lambda app, *args, **kwargs: started.append(app))
     path = tmp_path / "catalog.db"
     path.write_bytes(b"")
     monkeypatch.setenv("CNCLIP_MODEL_DIR", str(toy_model_dir))

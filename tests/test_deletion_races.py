@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-import indexer.rows
+import indexer.row_inserts
 from indexer.media import media_file
 from indexer.pipeline import ImageIndexer
 from indexer.types import NewImage
@@ -69,7 +69,7 @@ def test_a_deletion_committed_while_the_file_is_embedded_keeps_it_deleted(tmp_pa
 
     encoder = EncoderWithAMomentInside(the_other_run_then_the_user)
     service = service_for(catalog, encoder)
-    summary = asyncio.run(ImageIndexer(service, encoder, "photos", batch_size=8).run(folder / "X"))
+    summary = asyncio.run(ImageIndexer(service, "photos", batch_size=8).run(folder / "X"))
 
     assert summary.added == 2 and summary.deleted_before == 1, summary
     assert str(victim) not in catalog.file_states("photos")
@@ -103,7 +103,7 @@ def test_deleting_the_last_row_of_a_copy_while_its_bytes_are_uploaded_elsewhere_
     assert copy.is_file()
 
     deleter_done = threading.Event()
-    real_store = indexer.rows.store_media
+    real_store = indexer.row_inserts.store_media
 
     def store_then_let_the_deletion_run(media_dir: Path, sha: str, mime: str | None, payload: bytes) -> Path:
         path = real_store(media_dir, sha, mime, payload)
@@ -113,13 +113,13 @@ def test_deleting_the_last_row_of_a_copy_while_its_bytes_are_uploaded_elsewhere_
         deleter_done.wait(1.0)
         return path
 
-    monkeypatch.setattr(indexer.rows, "store_media", store_then_let_the_deletion_run)
+    monkeypatch.setattr(indexer.row_inserts, "store_media", store_then_let_the_deletion_run)
     [in_b] = service.add_images("b", [NewImage(data=data)], random_unit(1, DIM))
     assert deleter_done.wait(10), "the deletion never finished"
 
     assert in_b.created and catalog.get_collection("a").items == 0
     assert copy.is_file(), "the deletion in a removed the copy b's new row names"
-    assert catalog.media_bytes(in_b.id) == data
+    assert service.media(in_b.id)[1] == data
 
 
 def test_the_last_deletion_of_a_copy_still_removes_it(catalog) -> None:  # type: ignore[no-untyped-def]
@@ -183,6 +183,6 @@ def upload_the_same_bytes_twice_at_once(catalog: Any, monkeypatch: pytest.Monkey
         for thread in threads:
             thread.join(30)
         assert all(getattr(outcomes[n], "created", False) for n in "ab"), (round_, outcomes)
-        assert catalog.media_bytes(outcomes["a"].id) == data == catalog.media_bytes(outcomes["b"].id)
+        assert service.media(outcomes["a"].id)[1] == data == service.media(outcomes["b"].id)[1]
     leftovers = [p.name for p in catalog.media_dir.rglob("*") if ".tmp-" in p.name]
     assert not leftovers

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 
 from demo import dataset, train
-from retrieval.convert.checkpoint import build_model, load_checkpoint
 from retrieval.preprocess import normalise
+from retrieval.toolchain.convert.checkpoint import build_model, load_checkpoint
 
 TINY = {
     **train.load_config(),

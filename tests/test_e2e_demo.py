@@ -19,11 +19,11 @@ from typer.testing import CliRunner
 
 from api.app import create_app
 from api.config import Settings
+from cli.main import build_cli
 from demo import dataset
-from demo.cli import build_cnclip
 from demo.gallery import GALLERY_SEED, GALLERY_SIZE, IMAGE_COLLECTION, TEXT_COLLECTION, demo_texts, describe
-from indexer.engines import open_catalog
 from indexer.models import CollectionRow
+from indexer.runtime import open_catalog
 from retrieval.config import SHIPPED_MODEL_DIR
 from retrieval.manifest import ModelManifest
 
@@ -38,14 +38,14 @@ FLOORS = {"t2i_r1": 0.8, "t2i_r5": 0.95, "i2t_r1": 0.8, "zeroshot_shape_acc": 0.
 def demo_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     data_dir = tmp_path_factory.mktemp("demo-data")
     env = {"CNCLIP_DATA_DIR": str(data_dir), "CNCLIP_PROVIDER": "cpu", "CNCLIP_MODEL_DIR": str(SHIPPED_MODEL_DIR)}
-    result = CliRunner().invoke(build_cnclip(), ["demo", "--no-serve"], env=env)
+    result = CliRunner().invoke(build_cli(), ["demo", "--no-serve"], env=env)
     assert result.exit_code == 0, result.output
     assert f"{IMAGE_COLLECTION}: {GALLERY_SIZE} pictures indexed, 0 already there" in result.output
     assert "红色的星星" in result.output and "cnclip serve --host" in result.output
     assert "http://" not in result.output  # --no-serve: nothing listens, so no URL is printed
     assert " items/s" in result.output  # the first run embeds, at some rate
     # A second run reuses the pictures and indexes nothing again.
-    again = CliRunner().invoke(build_cnclip(), ["demo", "--no-serve"], env=env)
+    again = CliRunner().invoke(build_cli(), ["demo", "--no-serve"], env=env)
     assert again.exit_code == 0, again.output
     assert "reusing the demo gallery" in again.output
     assert f"{IMAGE_COLLECTION}: 0 pictures indexed, {GALLERY_SIZE} already there" in again.output
@@ -146,13 +146,13 @@ def test_zero_shot_classification(
 def test_demo_reindexes_collections_an_earlier_model_embedded(tmp_path: Path) -> None:
     """After an upgrade of the shipped model, the demo's old vectors are replaced, not searched."""
     env = {"CNCLIP_DATA_DIR": str(tmp_path), "CNCLIP_PROVIDER": "cpu", "CNCLIP_MODEL_DIR": str(SHIPPED_MODEL_DIR)}
-    assert CliRunner().invoke(build_cnclip(), ["demo", "--no-serve"], env=env).exit_code == 0
+    assert CliRunner().invoke(build_cli(), ["demo", "--no-serve"], env=env).exit_code == 0
     settings = Settings(_env_file=None, data_dir=tmp_path, model_dir=SHIPPED_MODEL_DIR)
     catalog = open_catalog(settings)
     with catalog.engine.begin() as connection:  # as the previous release recorded it: the bare name
         connection.execute(update(CollectionRow).values(model="cnclip-demo"))
     catalog.close()
-    again = CliRunner().invoke(build_cnclip(), ["demo", "--no-serve"], env=env)
+    again = CliRunner().invoke(build_cli(), ["demo", "--no-serve"], env=env)
     assert again.exit_code == 0, again.output
     assert f"re-indexed {IMAGE_COLLECTION} (embedded with cnclip-demo)" in again.output
     assert f"{IMAGE_COLLECTION}: {GALLERY_SIZE} pictures indexed, 0 already there" in again.output
@@ -175,7 +175,7 @@ def test_demo_on_a_busy_port_fails_before_drawing_anything(tmp_path: Path) -> No
         other.listen()
         port = other.getsockname()[1]
         env = {"CNCLIP_DATA_DIR": str(tmp_path), "CNCLIP_MODEL_DIR": str(SHIPPED_MODEL_DIR)}
-        result = CliRunner().invoke(build_cnclip(), ["demo", "--port", str(port)], env=env)
+        result = CliRunner().invoke(build_cli(), ["demo", "--port", str(port)], env=env)
     assert result.exit_code == 1
     assert result.output == f"error: cannot listen on 127.0.0.1:{port}: Address already in use\n"
     assert not (tmp_path / "demo").exists()  # no gallery drawn, nothing indexed

@@ -233,7 +233,7 @@ def test_bench_encoders_command_on_the_toy_model(toy_model_dir: Path, tmp_path: 
     import typer
     from typer.testing import CliRunner
 
-    from retrieval.cli import register
+    from cli.bench import register
 
     app = typer.Typer()
     register(app)

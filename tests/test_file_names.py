@@ -11,7 +11,7 @@ from pathlib import Path
 from sqlalchemy import create_engine
 from typer.testing import CliRunner
 
-from api.cli import build_cli
+from cli.main import build_cli
 from indexer.file_names import SQL_PREFIX, from_sql, printable, to_sql
 from tests.api_helpers import api_client
 from tests.indexer_helpers import catalog_settings, cli_env, open_test_catalog, png

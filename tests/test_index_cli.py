@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import create_engine
 from typer.testing import CliRunner, Result
 
-from api.cli import build_cli
+from cli.main import build_cli
 from indexer.db import create_db_engine
 from indexer.vector_index import VectorIndex
 from retrieval.manifest import ModelManifest
@@ -171,7 +171,7 @@ def test_ctrl_c_stops_cleanly_and_a_rerun_resumes(tmp_path: Path, database_url: 
 def run_cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     """`cnclip ARGS` in a fresh process, stdout and stderr apart (what a shell user sees on each)."""
     return subprocess.run(
-        [sys.executable, "-c", "from demo.cli import main; main()", *args],
+        [sys.executable, "-c", "from cli.main import main; main()", *args],
         env=env,
         capture_output=True,
         text=True,

@@ -35,7 +35,7 @@ def _bmp(value: int) -> bytes:
 
 
 def _run(catalog: SqlCatalog, encoder: FakeEncoder, root: Path) -> IndexSummary:
-    indexer = ImageIndexer(service_for(catalog, encoder), encoder, "photos", batch_size=4)
+    indexer = ImageIndexer(service_for(catalog, encoder), "photos", batch_size=4)
     return asyncio.run(indexer.run(root))
 
 

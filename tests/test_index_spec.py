@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from api.cli import build_cli
+from cli.main import build_cli
 from indexer.index_spec import (
     ALLOWED_FORMS,
     FLAT,
@@ -24,7 +24,8 @@ from indexer.index_spec import (
     parse_index,
 )
 from indexer.milvus_plan import LITE, IndexPlan, plan_index, server_capabilities
-from indexer.vector_index import IndexFileError, SearchTuning, VectorIndex
+from indexer.vector_index import IndexFileError, VectorIndex
+from indexer.vector_store import SearchTuning
 from tests.indexer_helpers import cli_env, open_test_catalog, random_unit, write_images
 from tests.test_many_processes import running_server
 

@@ -38,7 +38,7 @@ def test_a_symlink_out_of_the_folder_is_refused_with_a_reason(tmp_path: Path) ->
     assert isinstance(catalog, SqlCatalog)
     try:
         encoder = FakeEncoder(DIM)
-        indexer = ImageIndexer(service_for(catalog, encoder), encoder, "photos", batch_size=4)
+        indexer = ImageIndexer(service_for(catalog, encoder), "photos", batch_size=4)
         summary = asyncio.run(indexer.run(root))
         refused = dict(summary.failures)
         assert set(refused) == {str(root.resolve() / "out-link.jpg"), str(root.resolve() / "sub" / "relative-out.jpg")}

@@ -59,10 +59,10 @@ def test_add_get_dedupe_and_delete(catalog: SqlCatalog) -> None:
     assert [r.id for r in catalog.get_many([ids[2], 10**9, ids[0]])] == [ids[2], ids[0]]
 
     # Uploads are copied under data_dir/media by content; the stored vector is the one given.
-    assert catalog.media_bytes(ids[1]) == jpeg(1)
+    assert catalog.read_media(catalog.get(ids[1])) == jpeg(1)
     np.testing.assert_allclose(catalog.vector(ids[1]), FakeEncoder(DIM).embed_images_sync([jpeg(1)])[0], atol=1e-6)
 
-    assert catalog.delete([ids[1], 10**9]) == 1
+    assert catalog.delete([ids[1], 10**9], reason="user", remember=True) == 1
     with pytest.raises(NotFound):
         catalog.get(ids[1])
     with pytest.raises(NotFound):
@@ -76,7 +76,7 @@ def test_add_get_dedupe_and_delete(catalog: SqlCatalog) -> None:
 def test_ids_are_never_reused(catalog: SqlCatalog) -> None:
     catalog.create_collection("photos", "images", "fake", DIM)
     ids = add_photos(catalog, 3)
-    catalog.delete([ids[-1]])
+    catalog.delete([ids[-1]], reason="user", remember=True)
     (new,) = add_photos(catalog, 1, start=10)
     assert new > ids[-1]  # a stale FAISS id can never name a new row
 
@@ -113,19 +113,15 @@ def test_texts_collection(catalog: SqlCatalog) -> None:
     hits = catalog.search("captions", vectors[1], k=2)
     assert hits[0].id == results[1].id and hits[0].score == pytest.approx(1.0, abs=1e-5)
     with pytest.raises(NotFound):
-        catalog.media_bytes(results[0].id)
+        catalog.read_media(catalog.get(results[0].id))
 
 
 def test_collections_and_errors(catalog: SqlCatalog) -> None:
     first = catalog.create_collection("photos", "images", "fake", DIM)
     catalog.create_collection("captions", "texts", "fake", DIM)
     catalog.create_collection("more", "images", "fake", DIM)
-    assert catalog.default_collection("images").name == "photos"  # the oldest
-    assert catalog.default_collection("texts").name == "captions"
     assert [c.name for c in catalog.list_collections()] == ["photos", "captions", "more"]
-    assert catalog.ensure_collection("photos", "images", "fake", DIM).id == first.id
-    with pytest.raises(Conflict, match="model 'fake'"):
-        catalog.ensure_collection("photos", "images", "other-model", DIM)
+    assert [c.id for c in catalog.collections()][0] == first.id  # oldest first: the service's default
     with pytest.raises(Conflict):
         catalog.create_collection("photos", "images", "fake", DIM)
     with pytest.raises(InvalidInput):
@@ -139,10 +135,6 @@ def test_collections_and_errors(catalog: SqlCatalog) -> None:
     data = [NewImage(data=jpeg(1))]
     with pytest.raises(InvalidInput, match="shape"):
         catalog.add_images("photos", data, np.ones((1, DIM + 1)))
-    with pytest.raises(Conflict, match="model"):
-        catalog.add_images("photos", data, random_unit(1, DIM), model="another")
-    with pytest.raises(InvalidInput, match="texts"):
-        catalog.add_images("captions", data, random_unit(1, DIM))
     with pytest.raises(InvalidImage):
         catalog.add_images("photos", [NewImage(data=b"not an image")], random_unit(1, DIM))
     with pytest.raises(InvalidInput):
@@ -203,7 +195,7 @@ def test_searches_run_during_writes(catalog: SqlCatalog) -> None:
         reader.start()
     for batch in range(6):
         add_photos(catalog, 5, start=100 + batch * 5)
-    catalog.delete(list(catalog.sql_ids("photos")[:5]))
+    catalog.delete(list(catalog.sql_ids("photos")[:5]), reason="user", remember=True)
     done.set()
     for reader in readers:
         reader.join()

@@ -9,14 +9,15 @@ import numpy as np
 import pytest
 
 from indexer.types import NewText, SearchFilters
-from indexer.vector_index import IndexFileError, SearchTuning, VectorIndex
-from tests.indexer_helpers import faiss_index, open_test_catalog, random_unit
+from indexer.vector_index import IndexFileError, VectorIndex
+from indexer.vector_store import SearchTuning
+from tests.indexer_helpers import create_once, faiss_index, open_test_catalog, random_unit
 
 DIM = 16
 
 
 def fill(catalog, name: str, count: int, seed: int = 0, factory: str = "Flat") -> tuple[list[int], np.ndarray]:
-    catalog.ensure_collection(name, "texts", "fake", DIM, factory)
+    create_once(catalog, name, "texts", "fake", DIM, factory)
     vectors = random_unit(count, DIM, seed)
     texts = [NewText(f"text {seed} {i}", tags=["even"] if i % 2 == 0 else []) for i in range(count)]
     return [r.id for r in catalog.add_texts(name, texts, vectors)], vectors
@@ -64,7 +65,7 @@ def test_stale_index_is_caught_up_after_a_crash(tmp_path, database_url, caplog) 
     ids, vectors = fill(catalog, "c", 30)
     catalog.flush()
     more, more_vectors = fill(catalog, "c", 20, seed=1)  # committed to SQL, FAISS file not saved
-    catalog.delete(ids[:5])  # deleted in SQL, still in the saved FAISS file
+    catalog.delete(ids[:5], reason="user", remember=True)  # deleted in SQL, still in the saved FAISS file
     leftover = index_file(catalog, "c").with_name("1.faiss.tmp-999999-1")
     leftover.write_bytes(b"half a file")  # a save killed before its rename
     caplog.clear()  # only what the step below logs
@@ -114,7 +115,7 @@ def test_hnsw_deletes_are_hidden_and_persisted(tmp_path, database_url) -> None:
     catalog = open_test_catalog(tmp_path / "data", database_url, index_train_min=20)
     ids, vectors = fill(catalog, "c", 40, factory="HNSW8")
     assert faiss_index(catalog, "c").active == "HNSW8"
-    catalog.delete(ids[:3])
+    catalog.delete(ids[:3], reason="user", remember=True)
     assert catalog.search("c", vectors[0], k=1)[0].id != ids[0]
     assert catalog.get_collection("c").vectors == 37
     catalog.close()

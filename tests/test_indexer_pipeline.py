@@ -55,7 +55,7 @@ def make_folder(root: Path, count: int = 12) -> Path:
 
 
 def run(catalog: SqlCatalog, encoder: FakeEncoder, source: Path, **kwargs: object) -> IndexSummary:
-    indexer = ImageIndexer(service_for(catalog, encoder), encoder, "photos", batch_size=4, read_threads=2)
+    indexer = ImageIndexer(service_for(catalog, encoder), "photos", batch_size=4, read_threads=2)
     return asyncio.run(indexer.run(source, **kwargs))  # type: ignore[arg-type]
 
 
@@ -185,7 +185,7 @@ def test_stop_then_resume_embeds_each_image_once(catalog: SqlCatalog, tmp_path: 
             if summary.added >= 8:
                 stop.set()  # what the CLI's Ctrl-C handler does
 
-        indexer = ImageIndexer(service_for(catalog, encoder), encoder, "photos", batch_size=4)
+        indexer = ImageIndexer(service_for(catalog, encoder), "photos", batch_size=4)
         return await indexer.run(folder, stop=stop, on_progress=on_progress)
 
     first = asyncio.run(interrupted())

@@ -179,7 +179,7 @@ def test_serve_sweeps_orphans_and_stale_temp_files_at_start(
 def test_index_sweeps_at_start(settings: Settings, tmp_path: Path, toy_model_dir: Path) -> None:
     from typer.testing import CliRunner
 
-    from api.cli import build_cli
+    from cli.main import build_cli
 
     folder = tmp_path / "photos"
     folder.mkdir()

@@ -7,7 +7,7 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import inspect, text
 from typer.testing import CliRunner
 
-from api.cli import build_cli
+from cli.main import build_cli
 from indexer.db import create_db_engine, current_revision, downgrade, head_revision, upgrade
 from indexer.models import Base
 

@@ -17,7 +17,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-import typer
 from pymilvus import MilvusClient
 
 from api.config import Settings
@@ -25,8 +24,7 @@ from indexer import milvus_plan
 from indexer.milvus_plan import LITE, filter_arguments, is_permanent, server_capabilities
 from indexer.milvus_store import MilvusEngine, collection_name
 from indexer.types import SearchFilters
-from indexer.vector_index import SearchTuning
-from indexer.vector_store import ItemAttrs, StoreSpec, VectorStoreIncompatible
+from indexer.vector_store import ItemAttrs, SearchTuning, StoreSpec, VectorStoreIncompatible
 from retrieval.fake import FakeEncoder
 from tests.api_helpers import api_client
 from tests.indexer_helpers import jpeg
@@ -102,17 +100,17 @@ def test_an_older_server_stops_serve_with_one_line_naming_the_minimum(
     milvus_server_uri: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     from pymilvus import MilvusClient
+    from typer.testing import CliRunner
 
-    from api.serve_cli import exit_on_unusable_vector_store
+    from cli.main import build_cli
 
     monkeypatch.setattr(MilvusClient, "get_server_version", lambda self, **kw: "v2.2.16")
     with pytest.raises(VectorStoreIncompatible, match=r"version v2\.2\.16; cnclip needs Milvus 2\.3\.0 or newer"):
         server_engine(milvus_server_uri).client()
-    settings = Settings(_env_file=None, data_dir=tmp_path, vector_store="milvus", milvus_uri=milvus_server_uri)
-    with pytest.raises(typer.Exit) as stopped:
-        exit_on_unusable_vector_store(settings)
-    assert stopped.value.exit_code == 1
-    lines = capsys.readouterr().err.strip().splitlines()
+    env = {"CNCLIP_DATA_DIR": str(tmp_path), "CNCLIP_VECTOR_STORE": "milvus", "CNCLIP_MILVUS_URI": milvus_server_uri}
+    stopped = CliRunner().invoke(build_cli(), ["serve", "--port", "0"], env=env)
+    assert stopped.exit_code == 1  # before the port is bound and the model loads
+    lines = stopped.output.strip().splitlines()
     assert len(lines) == 1 and "2.3.0 or newer" in lines[0] and milvus_server_uri in lines[0], lines
 
 

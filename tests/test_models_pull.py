@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from api.cli import build_cli
-from retrieval.convert import pull
-from retrieval.convert.checkpoint import load_checkpoint
+from cli.main import build_cli
 from retrieval.manifest import ModelManifest
+from retrieval.toolchain.convert import pull
+from retrieval.toolchain.convert.checkpoint import load_checkpoint
 from tests.test_convert_model import TINY_VIT, official_checkpoint, reference_model
 
 runner = CliRunner()

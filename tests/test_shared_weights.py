@@ -17,8 +17,8 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 from typer.testing import CliRunner
 
-from api.cli import build_cli
 from api.config import Settings
+from cli.main import build_cli
 from retrieval import shared_weights
 from retrieval.config import REPO_ROOT
 from retrieval.encoder import LocalEncoder

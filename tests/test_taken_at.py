@@ -88,7 +88,7 @@ class CountingEncoder(FakeEncoder):
 
 
 def run(catalog: SqlCatalog, encoder: FakeEncoder, folder: Path, **kwargs: object) -> IndexSummary:
-    indexer = ImageIndexer(service_for(catalog, encoder), encoder, "photos", batch_size=4, read_threads=2)
+    indexer = ImageIndexer(service_for(catalog, encoder), "photos", batch_size=4, read_threads=2)
     return asyncio.run(indexer.run(folder, **kwargs))  # type: ignore[arg-type]
 
 

@@ -273,7 +273,7 @@ def test_concurrent_queries_of_two_lengths_share_one_batch(settings: Settings, t
 
 
 def test_npu_ge_export_writes_one_static_text_model_per_length(toy_lengths: Path, tmp_path: Path) -> None:
-    from retrieval.triton_export import ExportOptions, export_triton_repository
+    from retrieval.toolchain.triton.export import ExportOptions, export_triton_repository
 
     report = export_triton_repository(toy_lengths, tmp_path / "repo", ExportOptions(backend="npu_ge", max_batch=4))
     assert report.models[:4] == ["cnclip_text", "cnclip_text_l16", "cnclip_text_l32", "cnclip_image"]

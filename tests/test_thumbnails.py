@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from api.config import Settings
-from api.thumbnails import THUMBNAIL_SIZE, save_thumbnail
+from indexer.thumbnails import THUMBNAIL_SIZE, save_thumbnail
 from retrieval.manifest import CNCLIP_MEAN, CNCLIP_STD
 from retrieval.preprocess import preprocess_image
 from tests.api_helpers import api_client

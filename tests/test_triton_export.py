@@ -21,13 +21,13 @@ from onnx import TensorProto, helper, numpy_helper
 from PIL import Image
 from typer.testing import CliRunner
 
-from api.cli import build_cli
+from cli.main import build_cli
 from retrieval.errors import InvalidInput, ModelError
 from retrieval.manifest import ModelManifest, TowerSpec
 from retrieval.preprocess import preprocess_image
 from retrieval.tokenizer import tokenize
-from retrieval.triton_export import ExportOptions, export_triton_repository
-from retrieval.triton_graphs import dynamic_batch_graph
+from retrieval.toolchain.triton.export import ExportOptions, export_triton_repository
+from retrieval.toolchain.triton.graphs import dynamic_batch_graph
 from tests.kserve_server import image_file
 
 MODELS = ("cnclip_text", "cnclip_image", "preprocess", "cnclip_image_bytes")
@@ -324,8 +324,8 @@ def test_cnclip_architecture_graphs_become_batch_dynamic(tmp_path: Path) -> None
     into Reshape targets and the folded class token; the export undoes both and checks itself."""
     import torch
 
-    from retrieval.convert import pipeline
-    from retrieval.convert.checkpoint import build_model
+    from retrieval.toolchain.convert import pipeline
+    from retrieval.toolchain.convert.checkpoint import build_model
     from tests.test_convert_model import TINY_VIT
 
     torch.manual_seed(0)
@@ -416,7 +416,9 @@ def test_python_tower_model_runs_all_requests_as_one_batch(
 
 
 def test_python_tower_model_chooses_its_provider() -> None:
-    module = load_by_path("tower_providers", Path(__file__).parent.parent / "retrieval" / "triton_onnx_model.py")
+    module = load_by_path(
+        "tower_providers", Path(__file__).parent.parent / "retrieval" / "toolchain" / "triton" / "onnx_model.py"
+    )
     cpu_only = ["CPUExecutionProvider"]
     with_cuda = ["CUDAExecutionProvider", "CPUExecutionProvider"]
     assert module.choose_provider("auto", cpu_only, "CPU")[0] == "cpu"

@@ -22,11 +22,11 @@ import pytest
 import tritonclient.http as triton_http
 from typer.testing import CliRunner
 
-from api import triton_server
-from api.cli import build_cli
-from api.triton_server import TritonLaunch, TritonServerError, repository_models
+from cli.main import build_cli
 from retrieval.tokenizer import tokenize
-from retrieval.triton_export import ExportOptions, export_triton_repository
+from retrieval.toolchain.triton import server as triton_server
+from retrieval.toolchain.triton.export import ExportOptions, export_triton_repository
+from retrieval.toolchain.triton.server import TritonLaunch, TritonServerError, repository_models
 from tests.kserve_server import free_port, image_file
 from tests.real_triton import CNCLIP, RealTriton, unavailable_reason
 

@@ -22,7 +22,7 @@ from indexer.catalog import SqlCatalog
 from indexer.types import NewImage, NewText, SearchFilters
 from indexer.vector_store import StoreSpec, VectorStoreBusy
 from tests.conftest import EngineUnderTest
-from tests.indexer_helpers import jpeg, open_test_catalog, png, random_unit
+from tests.indexer_helpers import create_once, jpeg, open_test_catalog, png, random_unit
 
 DIM = 16
 LITE = EngineUnderTest("milvus-lite")
@@ -34,7 +34,7 @@ def open_store(tmp_path: Path, database_url: str, engine: EngineUnderTest, **ove
 
 
 def fill_texts(catalog: SqlCatalog, count: int, factory: str = "Flat", seed: int = 0) -> tuple[list[int], np.ndarray]:
-    catalog.ensure_collection("c", "texts", "fake", DIM, factory)
+    create_once(catalog, "c", "texts", "fake", DIM, factory)
     vectors = random_unit(count, DIM, seed)
     texts = [NewText(f"text {seed} {i}", tags=["even"] if i % 2 == 0 else []) for i in range(count)]
     return [r.id for r in catalog.add_texts("c", texts, vectors)], vectors
@@ -65,8 +65,8 @@ def settle(catalog: SqlCatalog, name: str) -> None:
         return
     from indexer.milvus_store import collection_name
 
-    state = catalog.state(name)
-    spec = StoreSpec(state.id, state.name, state.dim, state.factory, state.model, state.vector_key)
+    state = catalog.collection(name)
+    spec = StoreSpec(state.id, state.name, state.dim, state.index, state.model, state.vector_key)
     client = catalog.vectors.client()  # type: ignore[attr-defined]
     if not catalog.vectors.lite:  # type: ignore[attr-defined]
         client.flush(collection_name(spec))
@@ -99,7 +99,7 @@ def test_search_gives_sql_ids_and_cosine_scores(tmp_path, database_url, engine) 
 @pytest.mark.parametrize("factory", ["Flat", "HNSW8"])
 def test_filters_run_in_the_engine_and_fill_k(tmp_path, database_url, engine, factory) -> None:
     catalog = open_store(tmp_path, database_url, engine, index_train_min=20)
-    catalog.ensure_collection("p", "images", "fake", DIM, factory)
+    catalog.create_collection("p", "images", "fake", DIM, factory)
     vectors = random_unit(80, DIM, seed=3)
     day0 = datetime(2020, 1, 1, tzinfo=UTC)
 
@@ -178,7 +178,7 @@ def test_filters_run_in_the_engine_and_fill_k(tmp_path, database_url, engine, fa
 
 def test_a_narrow_filter_on_ivf_with_one_probe_still_fills_k(tmp_path, database_url, engine) -> None:
     catalog = open_store(tmp_path, database_url, engine, index_train_min=100, index_nprobe=1)
-    catalog.ensure_collection("c", "texts", "fake", DIM, "IVF16,Flat")
+    catalog.create_collection("c", "texts", "fake", DIM, "IVF16,Flat")
     vectors = random_unit(400, DIM, seed=5)
     texts = [NewText(f"t{i}", tags=["rare"] if i % 33 == 0 else []) for i in range(400)]  # 13 items, many lists
     ids = [r.id for r in catalog.add_texts("c", texts, vectors)]
@@ -193,7 +193,7 @@ def test_a_narrow_filter_on_ivf_with_one_probe_still_fills_k(tmp_path, database_
 def test_deleted_items_leave_search(tmp_path, database_url, engine) -> None:
     catalog = open_store(tmp_path, database_url, engine)
     ids, vectors = fill_texts(catalog, 30)
-    assert catalog.delete([ids[4], ids[5], 10_000_000]) == 2
+    assert catalog.delete([ids[4], ids[5], 10_000_000], reason="user", remember=True) == 2
     assert ids[4] not in [h.id for h in catalog.search("c", vectors[4], k=30)]
     assert catalog.get_collection("c").vectors == 28
     catalog.close()
@@ -275,7 +275,7 @@ def test_applying_the_same_changes_twice_adds_nothing(tmp_path, database_url, en
     assert sync.store.count() == 25
     hits = catalog.search("c", vectors[2], k=25)
     assert len({h.id for h in hits}) == 25 == len(hits) and hits[0].id == ids[2]
-    catalog.delete([ids[0]])
+    catalog.delete([ids[0]], reason="user", remember=True)
     sync.store.remove(np.array([ids[0]]))  # a removal applied twice is harmless too
     assert sync.store.count() == 24
     catalog.close()
@@ -284,8 +284,8 @@ def test_applying_the_same_changes_twice_adds_nothing(tmp_path, database_url, en
 def test_deleting_a_collection_drops_its_engine_data(tmp_path, database_url, engine) -> None:
     catalog = open_store(tmp_path, database_url, engine)
     ids, vectors = fill_texts(catalog, 12)
-    state = catalog.state("c")
-    spec = StoreSpec(state.id, state.name, state.dim, state.factory, state.model, state.vector_key)
+    state = catalog.collection("c")
+    spec = StoreSpec(state.id, state.name, state.dim, state.index, state.model, state.vector_key)
     catalog.flush()
     assert engine_holds(catalog, spec)
     assert catalog.delete_collection("c") == 12
@@ -298,7 +298,7 @@ def test_deleting_a_collection_drops_its_engine_data(tmp_path, database_url, eng
 HOLDER = """
 import sys, time
 from indexer.milvus_store import MilvusEngine
-from indexer.vector_index import SearchTuning
+from indexer.vector_store import SearchTuning
 engine = MilvusEngine(sys.argv[1], "", SearchTuning())
 engine.client()
 print("holding", flush=True)

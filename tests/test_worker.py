@@ -38,7 +38,7 @@ class CliServer:
         self.url = f"http://127.0.0.1:{port}"
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
-                [sys.executable, "-c", "from demo.cli import main; main()", *self.args],
+                [sys.executable, "-c", "from cli.main import main; main()", *self.args],
                 env=self.env,
                 stdout=out,
                 stderr=subprocess.STDOUT,
@@ -242,7 +242,7 @@ def test_serve_logs_the_provider_line(toy_model_dir: Path, tmp_path: Path) -> No
 def test_worker_without_a_model_fails_in_one_line(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from api.cli import build_cli
+    from cli.main import build_cli
 
     monkeypatch.setenv("CNCLIP_MODEL_DIR", str(tmp_path / "nothing-here"))
     monkeypatch.setenv("CNCLIP_ENCODER", "triton://elsewhere:8001")  # ignored: the worker runs the model itself

@@ -9,7 +9,6 @@ from fastapi import APIRouter, File, Form, Path, UploadFile
 
 from api.deps import (
     CollectionsDep,
-    EncoderDep,
     MetricsDep,
     ReadAccess,
     SettingsDep,
@@ -30,13 +29,12 @@ from api.schemas import (
 from api.uploads import inspect_image, parse_string_list, read_upload
 from indexer.names import COLLECTION_NAME_PATTERN
 from indexer.service import CollectionService
-from indexer.types import CollectionInfo, NewImage, NewText
+from indexer.types import CollectionInfo, NewText
 from retrieval.relevance import suggested_min_scores
 
 router = APIRouter(prefix="/v1/collections", tags=["collections"], route_class=GuardedRoute)
 
 Name = Annotated[str, Path(pattern=COLLECTION_NAME_PATTERN, description="Collection name (case-insensitive).")]
-TEXT_BATCH = 64  # texts per encoder call when adding many
 
 
 def _collection_out(info: CollectionInfo, default: bool) -> CollectionOut:
@@ -93,40 +91,25 @@ async def add_image(
     name: Name,
     file: Annotated[UploadFile, File(description="JPEG/PNG/WebP image bytes.")],
     collections: CollectionsDep,
-    encoder: EncoderDep,
     settings: SettingsDep,
     metrics: MetricsDep,
     caption: Annotated[str | None, Form(max_length=MAX_QUERY_CHARS)] = None,
     tags: Annotated[str | None, Form(description="Comma-separated (猫,室内) or a JSON list.")] = None,
 ) -> AddedItem:
     """Add one image (with optional caption and tags) to an image collection of the server's model."""
-    await run_blocking(collections.writable, name, "images")  # before any model work
+    await run_blocking(collections.writable, name, "images")  # before the upload is read
     tag_list = parse_string_list(tags, "tags", MAX_TAGS, 64) or []
     data = await read_upload(file, settings.max_image_bytes)
-    await run_blocking(inspect_image, data, settings)
-    vectors = await encoder.embed_images([data])
-    new = NewImage(data=data, caption=(caption or "").strip() or None, tags=tag_list)
-    [added] = await run_blocking(collections.add_images, name, [new], vectors)
+    header = await run_blocking(inspect_image, data, settings)  # the upload's one header read
+    added = await collections.add_upload(name, data, header, caption=(caption or "").strip() or None, tags=tag_list)
     metrics.items_indexed.labels(name, "images").inc(int(added.created))
     return AddedItem(id=added.id, created=added.created)
 
 
 @router.post("/{name}/texts", response_model=AddedItems, status_code=201, dependencies=[WriteAccess])
-async def add_texts(
-    name: Name,
-    body: AddTextsRequest,
-    collections: CollectionsDep,
-    encoder: EncoderDep,
-    metrics: MetricsDep,
-) -> AddedItems:
+async def add_texts(name: Name, body: AddTextsRequest, collections: CollectionsDep, metrics: MetricsDep) -> AddedItems:
     """Add texts (captions, tags, sentences) to a text collection, for image → text search."""
-    await run_blocking(collections.writable, name, "texts")
-    texts = body.normalised()
-    added = []
-    for start in range(0, len(texts), TEXT_BATCH):
-        chunk = texts[start : start + TEXT_BATCH]
-        vectors = await encoder.embed_texts([t.text for t in chunk])
-        new = [NewText(text=t.text, tags=list(t.tags)) for t in chunk]
-        added += await run_blocking(collections.add_texts, name, new, vectors)
+    new = [NewText(text=t.text, tags=list(t.tags)) for t in body.normalised()]
+    added = await collections.add_text_items(name, new)
     metrics.items_indexed.labels(name, "texts").inc(sum(a.created for a in added))
     return AddedItems(items=[AddedItem(id=a.id, created=a.created) for a in added])

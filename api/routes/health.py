@@ -8,7 +8,7 @@ from api.deps import MetricsDep, ReadAccess, run_blocking
 from api.guarded_route import GuardedRoute
 from api.metrics import CONTENT_TYPE_LATEST
 from api.schemas import Health
-from indexer.db import DatabaseUnavailable
+from indexer.errors import DatabaseUnavailable
 from retrieval.errors import EncoderUnavailable
 
 router = APIRouter(tags=["health"], route_class=GuardedRoute)
@@ -25,7 +25,7 @@ async def readyz(request: Request) -> Health:
     """Encoders warm, catalog open and its database answering (503 with Retry-After otherwise; the
     database is asked at most every `CNCLIP_READINESS_INTERVAL_S`)."""
     state = request.app.state
-    if state.catalog is None:
+    if state.service is None:
         raise EncoderUnavailable("the catalog is not open yet")
     if state.encoder is None or not state.encoder.ready:
         raise EncoderUnavailable("the encoder is still warming up")
@@ -37,5 +37,5 @@ async def readyz(request: Request) -> Health:
 @router.get("/metrics", dependencies=[ReadAccess])
 async def metrics(request: Request, service_metrics: MetricsDep) -> Response:
     """Prometheus text format."""
-    await run_blocking(service_metrics.refresh, request.app.state.encoder, request.app.state.catalog)
+    await run_blocking(service_metrics.refresh, request.app.state.encoder, request.app.state.service)
     return Response(service_metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -1,7 +1,7 @@
 """Items by id: metadata, the image, its thumbnail, similar images, delete.
 
 Media are served only by item id: the file path comes from the catalog, never from the client, and
-`indexer.media_check.read_media` reads the bytes served: once, from a descriptor reached without
+the collection service reads the bytes served (`indexer.media_check.read_media`): once, from a descriptor reached without
 leaving the indexed folder, checked against the recorded sha256. A file that changed is 410, one
 missing or out of its folder 404; never other bytes, never a response cut short.
 """
@@ -14,13 +14,11 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
-from api.deps import CatalogDep, CollectionsDep, MetricsDep, ReadAccess, WriteAccess, run_blocking
+from api.deps import CollectionsDep, MetricsDep, ReadAccess, WriteAccess, run_blocking
 from api.guarded_route import GuardedRoute
 from api.media_response import media_response
 from api.schemas import MAX_K, MAX_OFFSET, MIN_SCORE_DOC, OFFSET_DOC, SORT_DOC, Deleted, ItemId, ItemOut, SearchResponse
 from api.searching import StageTimer, item_out, page_out, to_search_filters
-from api.thumbnails import item_thumbnail, thumbnail_path
-from indexer.media_check import read_media
 from indexer.paging import PageRequest, SortOrder
 
 router = APIRouter(prefix="/v1/items", tags=["items"], route_class=GuardedRoute)
@@ -29,27 +27,24 @@ _MEDIA_CACHE = {"Cache-Control": "private, max-age=86400"}
 
 
 @router.get("/{item_id}", response_model=ItemOut, dependencies=[ReadAccess])
-async def get_item(item_id: ItemId, catalog: CatalogDep) -> ItemOut:
-    return item_out(await run_blocking(catalog.get, item_id))
+async def get_item(item_id: ItemId, collections: CollectionsDep) -> ItemOut:
+    return item_out(await run_blocking(collections.item, item_id))
 
 
 @router.get("/{item_id}/image", response_class=Response, dependencies=[ReadAccess])
-async def get_image(item_id: ItemId, catalog: CatalogDep, request: Request) -> Response:
+async def get_image(item_id: ItemId, collections: CollectionsDep, request: Request) -> Response:
     """The original image bytes, while they are still the bytes that were indexed (410 once changed).
     Single byte ranges are served (206); the ETag is the content's sha256."""
-    item = await run_blocking(catalog.get, item_id)
-    data = await run_blocking(read_media, item, request.app.state.media_dir)
+    item, data = await run_blocking(collections.media, item_id)
     media_type = item.mime or "application/octet-stream"
     return media_response(request, data, item.sha256 or "", media_type, _MEDIA_CACHE)
 
 
 @router.get("/{item_id}/thumbnail", response_class=Response, dependencies=[ReadAccess])
-async def get_thumbnail(item_id: ItemId, catalog: CatalogDep, request: Request) -> Response:
+async def get_thumbnail(item_id: ItemId, collections: CollectionsDep) -> Response:
     """A JPEG at most 320 px on its longest side, made on first request from the verified indexed
     bytes and cached by content (the source is checked like the image's)."""
-    item = await run_blocking(catalog.get, item_id)
-    state = request.app.state
-    jpeg = await run_blocking(item_thumbnail, item, state.media_dir, state.thumbs_dir, state.settings.max_image_pixels)
+    jpeg = await run_blocking(collections.thumbnail, item_id)
     return Response(jpeg, media_type="image/jpeg", headers=_MEDIA_CACHE)
 
 
@@ -76,11 +71,8 @@ async def similar_items(
 
 
 @router.delete("/{item_id}", response_model=Deleted, dependencies=[WriteAccess])
-async def delete_item(item_id: ItemId, catalog: CatalogDep, collections: CollectionsDep, request: Request) -> Deleted:
+async def delete_item(item_id: ItemId, collections: CollectionsDep) -> Deleted:
     """Delete an item. The deletion is remembered: `cnclip index` of its folder does not add the same
     bytes again (unless run with `--restore-deleted`)."""
-    item = await run_blocking(catalog.get, item_id)
-    deleted = await run_blocking(collections.delete_items, [item_id])
-    if item.kind == "images" and item.sha256:
-        await run_blocking(thumbnail_path(request.app.state.thumbs_dir, item.sha256).unlink, missing_ok=True)
-    return Deleted(deleted=deleted)
+    await run_blocking(collections.item, item_id)  # 404 for an unknown id
+    return Deleted(deleted=await run_blocking(collections.delete_items, [item_id]))

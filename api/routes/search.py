@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, File, Form, UploadFile
 
-from api.deps import CollectionsDep, EncoderDep, MetricsDep, ReadAccess, SettingsDep, run_blocking
+from api.deps import CollectionsDep, MetricsDep, ReadAccess, SettingsDep, run_blocking
 from api.guarded_route import GuardedRoute
 from api.schemas import MAX_K, MAX_OFFSET, MIN_SCORE_DOC, OFFSET_DOC, SORT_DOC, SearchResponse, TextSearchRequest
 from api.searching import StageTimer, page_out, to_search_filters
@@ -19,17 +19,12 @@ router = APIRouter(prefix="/v1/search", tags=["search"], dependencies=[ReadAcces
 
 
 @router.post("/text", response_model=SearchResponse)
-async def search_text(
-    body: TextSearchRequest, encoder: EncoderDep, collections: CollectionsDep, metrics: MetricsDep
-) -> SearchResponse:
+async def search_text(body: TextSearchRequest, collections: CollectionsDep, metrics: MetricsDep) -> SearchResponse:
     """Images (of `collection`, default: the default image collection) that match a text."""
     timer = StageTimer()
-    await run_blocking(collections.resolve, body.collection, "images")  # before any model work
-    vector = (await encoder.embed_texts([body.query]))[0]
-    timer.mark("encode")
-    filters = to_search_filters(body.filters)
     page = PageRequest(body.k, body.offset, body.min_score, body.sort)
-    found = await run_blocking(collections.search, body.collection, "images", vector, page, filters, mark=timer.mark)
+    filters = to_search_filters(body.filters)
+    found = await collections.search_text(body.query, body.collection, page, filters, mark=timer.mark)
     timings = timer.finish()
     metrics.observe_stages("search_text", timings)
     return page_out(found, timings)
@@ -38,7 +33,6 @@ async def search_text(
 @router.post("/image", response_model=SearchResponse)
 async def search_image(
     file: Annotated[UploadFile, File(description="JPEG/PNG/WebP image bytes.")],
-    encoder: EncoderDep,
     collections: CollectionsDep,
     metrics: MetricsDep,
     settings: SettingsDep,
@@ -60,11 +54,8 @@ async def search_image(
     data = await read_upload(file, settings.max_image_bytes)
     await run_blocking(inspect_image, data, settings)
     timer.mark("read")
-    await run_blocking(collections.resolve, collection or None, target)
-    vector = (await encoder.embed_images([data]))[0]
-    timer.mark("encode")
     filters = to_search_filters(None, taken_from, taken_to)
-    found = await run_blocking(collections.search, collection or None, target, vector, page, filters, mark=timer.mark)
+    found = await collections.search_image(data, collection or None, target, page, filters, mark=timer.mark)
     timings = timer.finish()
     metrics.observe_stages(f"search_image_{target}", timings)
     return page_out(found, timings)

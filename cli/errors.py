@@ -1,0 +1,71 @@
+"""One table from the project's errors to exit statuses, the command line's mirror of the API's
+`STATUS_BY_ERROR` (api/errors.py), and the one handler that applies it: a project error is one red
+`error: …` line on stderr and its status, never a traceback.
+
+The statuses (the README's "Exit status" list says the same): 0 all good; 1 an error (the message
+says which); 2 a usage error (a bad option or argument, a bad `CNCLIP_*` value, a model directory a
+server cannot use); 3 some files could not be indexed (the others were); 130 interrupted (Ctrl-C).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import typer
+
+from retrieval.errors import CnclipError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2  # click's own status for a bad option or argument
+EXIT_FILES_FAILED = 3  # the run finished, but some files could not be indexed
+EXIT_INTERRUPTED = 130  # Ctrl-C anywhere (the shell's 128 + SIGINT)
+
+EXIT_STATUS = (
+    "Exit status: 0 all good; 1 an error (the message says which); 2 a usage error (bad option or "
+    "argument); 3 some files could not be indexed (the others were); 130 interrupted (Ctrl-C)."
+)
+
+
+class BadSetting(CnclipError):
+    """A `CNCLIP_*` value, or the model directory a server needs, that cannot be used: the
+    configuration needs fixing, like a bad option (exit status 2)."""
+
+    code = "bad_setting"
+
+
+# Project error -> exit status. First matching class wins, so the most specific come first; the
+# last row catches every error the project raises on purpose (api/errors.py ends the same way).
+EXIT_BY_ERROR: tuple[tuple[type[CnclipError], int], ...] = (
+    (BadSetting, EXIT_USAGE),
+    (CnclipError, EXIT_ERROR),
+)
+
+
+def exit_status(exc: CnclipError) -> int:
+    """The exit status of a project error, from `EXIT_BY_ERROR`."""
+    return next(status for cls, status in EXIT_BY_ERROR if isinstance(exc, cls))
+
+
+def fail(exc: CnclipError, *hints: str) -> typer.Exit:
+    """Say `exc` in one red line on stderr (and `hints` after it); the `typer.Exit` to raise."""
+    typer.secho(f"error: {exc.message}", fg=typer.colors.RED, err=True)
+    for hint in hints:
+        typer.echo(hint, err=True)
+    return typer.Exit(exit_status(exc))
+
+
+def friendly_errors(command: F) -> F:
+    """Project errors become one red line and their exit status, never a traceback."""
+
+    @functools.wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return command(*args, **kwargs)
+        except CnclipError as exc:
+            raise fail(exc) from None
+
+    return wrapper  # type: ignore[return-value]

@@ -1,0 +1,186 @@
+"""`cnclip serve` and `cnclip worker`: uvicorn on a port bound before the model loads, and everything
+that can stop a server checked first, each failure one line and its exit status (cli/errors.py)."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import socket
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from cli.errors import EXIT_ERROR, EXIT_USAGE, BadSetting, fail, friendly_errors
+from cli.log_setup import SERVER_FORMAT, configure_logging, uvicorn_level, verbosity_level
+from retrieval.errors import CnclipError
+
+if TYPE_CHECKING:
+    from api.config import Settings
+
+DEFAULT_WORKER_PORT = 8001  # next to `cnclip serve`'s 8000, so that both run on one host without flags
+HostOption = Annotated[str | None, typer.Option(help="Address to bind (default: CNCLIP_HOST, 127.0.0.1).")]
+LogLevelOption = Annotated[str, typer.Option(help="uvicorn log level.")]
+
+
+def load_settings() -> Settings:
+    """`Settings()` from the environment; a bad value (an empty `CNCLIP_API_KEY`, say) is one line per
+    setting on stderr and exit status 2, not a traceback."""
+    from pydantic import ValidationError
+
+    from api.config import Settings
+
+    try:
+        return Settings()
+    except ValidationError as exc:
+        for error in exc.errors():
+            name = "CNCLIP_" + "__".join(str(part) for part in error["loc"]).upper()
+            message = str(error["msg"]).removeprefix("Value error, ")
+            typer.secho(f"error: {name}: {message}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(EXIT_USAGE) from None
+
+
+def exit_on_bad_model(settings: Settings) -> None:
+    """Fail with one line, not a lifespan traceback, when a local model directory is not usable."""
+    if settings.encoder != "local":
+        return
+    from retrieval.errors import ModelError
+    from retrieval.manifest import ModelManifest
+
+    try:
+        ModelManifest.load(settings.model_dir, verify=False)
+    except ModelError as exc:
+        hint = "Set CNCLIP_MODEL_DIR to a model directory (see `cnclip convert`)."
+        raise fail(BadSetting(exc.message), hint) from exc
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """The server's socket, bound before the model loads: a busy port fails at once, in one line and
+    with status 1, not after the warm-up. uvicorn then serves on this very socket, so no other
+    process can take the port in between."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # proto=IPPROTO_TCP, as uvicorn's own: asyncio sets TCP_NODELAY only on sockets that say they are
+    # TCP, and without it Nagle + delayed ACKs add ~40 ms to every POST.
+    listener = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: restarts reuse the port
+    try:
+        listener.bind((host, port))
+    except (OSError, OverflowError) as exc:  # in use, not an address of this host, a port out of range
+        listener.close()
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        raise fail(CnclipError(f"cannot listen on {host}:{port}: {reason}")) from None
+    return listener
+
+
+def run_server(app: Any, listener: socket.socket, **options: Any) -> None:
+    """Serve `app` with uvicorn on `listener` (from `bind_listener`). An app whose start-up fails
+    (its log says why) exits with status 1; uvicorn's own 3 is `cnclip index`'s in the README."""
+    import uvicorn
+    from uvicorn.config import STARTUP_FAILURE
+
+    host, port = listener.getsockname()[:2]
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets)
+            # uvicorn says where it listens only for sockets it bound itself.
+            logging.getLogger("uvicorn.error").info(
+                "Uvicorn running on http://%s:%d (Press CTRL+C to quit)", host, port
+            )
+
+    server = Server(uvicorn.Config(app, host=host, port=port, **options))
+    try:
+        server.run(sockets=[listener])
+    except SystemExit as exc:
+        if exc.code != STARTUP_FAILURE:
+            raise
+        raise typer.Exit(EXIT_ERROR) from None
+    finally:
+        listener.close()
+
+
+def project_log_level(ctx: typer.Context, log_level: str) -> int:
+    """The project loggers' level for a server: its `--log-level`, or lower with the global `-v`."""
+    verbose = ctx.find_root().params.get("verbose") or 0
+    return min(uvicorn_level(log_level), verbosity_level(verbose))
+
+
+def server_options(settings: Settings) -> dict[str, Any]:
+    """What `serve` and `worker` tell uvicorn besides the app and the socket."""
+    from api.slow_clients import server_protocol
+
+    return {
+        "workers": 1,  # one process owns the model; its batcher merges concurrent requests
+        "timeout_graceful_shutdown": 10,
+        # Longer than clients' and proxies' idle pools (httpx: 5 s), so that the server never closes
+        # a kept-alive connection just as a client sends on it (a reset, not a retry, for a POST).
+        "timeout_keep_alive": 30,
+        # Slow or endless request heads and bodies close the connection (see api/slow_clients.py).
+        "http": server_protocol(settings),
+    }
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def serve(
+    ctx: typer.Context,
+    host: HostOption = None,
+    port: Annotated[
+        int | None, typer.Option(min=0, max=65535, help="Port to bind (default: CNCLIP_PORT, 8000).")
+    ] = None,
+    log_level: LogLevelOption = "info",
+) -> None:
+    """Serve the REST API and the web UI (binds the port, then loads the model and warms every
+    bucket before answering)."""
+    from api.app import create_app
+    from indexer.runtime import check_storage, prepare_for_serving
+
+    settings = load_settings()
+    overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
+    settings = settings.model_copy(update=overrides)
+    if settings.api_key is None and not _is_loopback(settings.host):
+        typer.secho(
+            f"warning: serving on {settings.host} without CNCLIP_API_KEY: anyone who can reach it can write",
+            fg=typer.colors.YELLOW,
+            err=True,
+        )
+    exit_on_bad_model(settings)
+    check_storage(settings)  # a SQLite file that is no catalog, a vector engine that cannot be used
+    prepare_for_serving(settings)
+    listener = bind_listener(settings.host, settings.port)  # before the model loads
+    configure_logging(project_log_level(ctx, log_level), SERVER_FORMAT)
+    typer.echo(f"cnclip: model {settings.model_dir}, data {settings.data_dir}")
+    run_server(create_app(settings), listener, log_level=log_level, **server_options(settings))
+
+
+def worker(
+    ctx: typer.Context,
+    host: HostOption = None,
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port to bind.")] = DEFAULT_WORKER_PORT,
+    log_level: LogLevelOption = "info",
+) -> None:
+    """Serve only the model: the KServe v2 / Triton protocol (/v2), /healthz, /readyz, /metrics.
+    API nodes embed through it with CNCLIP_ENCODER=triton://HOST:PORT. The port is bound before
+    the model loads."""
+    from api.worker import create_worker_app
+
+    settings = load_settings()
+    if host is not None:
+        settings = settings.model_copy(update={"host": host})
+    exit_on_bad_model(settings.model_copy(update={"encoder": "local"}))  # the worker always runs the model
+    listener = bind_listener(settings.host, port)  # before the model loads
+    configure_logging(project_log_level(ctx, log_level), SERVER_FORMAT)
+    typer.echo(f"cnclip worker: model {settings.model_dir}, /v2 on http://{settings.host}:{port}")
+    run_server(create_worker_app(settings), listener, log_level=log_level, **server_options(settings))
+
+
+def register(app: typer.Typer) -> None:
+    """`cnclip serve` and `cnclip worker`."""
+    app.command()(friendly_errors(serve))
+    app.command()(friendly_errors(worker))

@@ -1,0 +1,135 @@
+"""The collection service's use cases that also need the model: a text or image search, an upload.
+Each is one call for a route: resolve the collection (SQL, before any model work: an unknown
+collection is a 404 at once), embed, then search or add, the blocking parts off the event loop
+(anyio's worker threads, as the API's own `run_blocking`). So a request walks each layer once:
+route → service → catalog and engine, and the encoder.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+
+import anyio.to_thread
+import numpy as np
+
+from indexer.paging import PageRequest
+from indexer.types import AddResult, CollectionKind, NewImage, NewText, SearchFilters
+from retrieval.errors import EncoderUnavailable
+from retrieval.preprocess import ImageHeader
+from retrieval.types import Encoder
+
+if TYPE_CHECKING:
+    from indexer.results import SearchPage, StageMark
+    from indexer.types import CollectionState
+
+T = TypeVar("T")
+TEXT_BATCH = 64  # texts per encoder call when adding many
+
+
+async def off_loop(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """Run a blocking call (SQL, the engine, PIL) in a worker thread and await its result."""
+    return await anyio.to_thread.run_sync(lambda: fn(*args, **kwargs))
+
+
+def warm(encoder: Encoder | None) -> Encoder:
+    """The model, warm (a request before the warm-up ends, or after a shutdown began, is a 503)."""
+    if encoder is None or not encoder.ready:
+        raise EncoderUnavailable("the model is not loaded yet; retry in a moment")
+    return encoder
+
+
+class _Service(Protocol):
+    """The parts of `CollectionService` (indexer/service.py) the use cases build on."""
+
+    encoder: Encoder | None
+
+    def resolve(self, name: str | None, kind: CollectionKind, action: str = ...) -> CollectionState: ...
+
+    def writable(self, name: str, kind: CollectionKind) -> CollectionState: ...
+
+    def search_in(
+        self,
+        target: CollectionState,
+        vector: np.ndarray,
+        page: PageRequest,
+        filters: SearchFilters | None = ...,
+        *,
+        exclude: int | None = ...,
+        mark: StageMark | None = ...,
+    ) -> SearchPage: ...
+
+    def complete(self, image: NewImage, header: ImageHeader | None = ...) -> NewImage: ...
+
+    def add_images(
+        self, name: str, images: Sequence[NewImage], vectors: np.ndarray, *, replace: Sequence[int | None] | None = ...
+    ) -> list[AddResult]: ...
+
+    def add_texts(self, name: str, texts: Sequence[NewText], vectors: np.ndarray) -> list[AddResult]: ...
+
+
+class UseCases:
+    """Mixed into `CollectionService` (indexer/service.py)."""
+
+    async def search_text(
+        self: _Service,
+        query: str,
+        collection: str | None,
+        page: PageRequest,
+        filters: SearchFilters | None = None,
+        *,
+        mark: StageMark | None = None,
+    ) -> SearchPage:
+        """Images of `collection` (default: the oldest image collection) matching a text."""
+        page.check()
+        target = await off_loop(self.resolve, collection, "images")  # before any model work
+        vector = (await warm(self.encoder).embed_texts([query]))[0]
+        if mark:
+            mark("encode")
+        return await off_loop(self.search_in, target, vector, page, filters, mark=mark)
+
+    async def search_image(
+        self: _Service,
+        data: bytes,
+        collection: str | None,
+        target_kind: CollectionKind,
+        page: PageRequest,
+        filters: SearchFilters | None = None,
+        *,
+        mark: StageMark | None = None,
+    ) -> SearchPage:
+        """Similar images (`target_kind` images) or best-matching texts (texts) for image bytes whose
+        header the caller has checked."""
+        page.check()
+        target = await off_loop(self.resolve, collection, target_kind)
+        vector = (await warm(self.encoder).embed_images([data]))[0]
+        if mark:
+            mark("encode")
+        return await off_loop(self.search_in, target, vector, page, filters, mark=mark)
+
+    async def add_upload(
+        self: _Service,
+        collection: str,
+        data: bytes,
+        header: ImageHeader,
+        *,
+        caption: str | None = None,
+        tags: Sequence[str] = (),
+    ) -> AddResult:
+        """Add one uploaded image whose header the caller read (`read_header`): its facts and EXIF
+        date come from that one read; the encoder decodes the pixels once."""
+        await off_loop(self.writable, collection, "images")  # before any model work
+        vectors = await warm(self.encoder).embed_images([data])
+        image = self.complete(NewImage(data=data, caption=caption, tags=list(tags)), header)
+        [added] = await off_loop(self.add_images, collection, [image], vectors)
+        return added
+
+    async def add_text_items(self: _Service, collection: str, texts: Sequence[NewText]) -> list[AddResult]:
+        """Add texts to a text collection, embedded `TEXT_BATCH` at a time."""
+        await off_loop(self.writable, collection, "texts")
+        added: list[AddResult] = []
+        for start in range(0, len(texts), TEXT_BATCH):
+            chunk = list(texts[start : start + TEXT_BATCH])
+            vectors = await warm(self.encoder).embed_texts([t.text for t in chunk])
+            added += await off_loop(self.add_texts, collection, chunk, vectors)
+        return added

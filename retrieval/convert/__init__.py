@@ -1,1 +1,0 @@
-"""Conversion of CN-CLIP checkpoints to static-graph ONNX model directories (torch only here)."""
