@@ -1,4 +1,4 @@
-# The README names these targets; .ci/run calls `install` and `test` exactly as a user would.
+# The README and docs/development.md name these targets; .ci/run calls `install` and `test` exactly as a user would.
 PY ?= python3
 
 LOCK_VENV := build/lock-venv

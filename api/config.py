@@ -1,5 +1,5 @@
 """The settings users configure: the HTTP server's part on top of the catalog's and the model
-runtime's (retrieval/config.py explains the layers). The README's settings table lists every field."""
+runtime's (retrieval/config.py explains the layers). The settings table in docs/settings.md lists every field."""
 
 from __future__ import annotations
 

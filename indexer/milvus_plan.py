@@ -49,7 +49,7 @@ NO_TAKEN = -(2**62)
 MISSING_MIME = ""  # mime of an item with none (a text): no filter ever asks for it, see filter_expression
 NOTHING = "id < 0"  # an expression no item passes (ids are SQL primary keys, from 1)
 
-MIN_SERVER = (2, 3, 0)  # the README's "Supported Milvus versions" says the same
+MIN_SERVER = (2, 3, 0)  # docs/scaling-out.md's "Supported Milvus versions" says the same
 TEMPLATES_SINCE = (2, 5, 0)  # filter_params and nullable fields
 SERVER_INDEXES = frozenset({"FLAT", "IVF_FLAT", "HNSW", "IVF_PQ", "IVF_SQ8"})
 

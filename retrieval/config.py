@@ -5,7 +5,7 @@ encoder), `indexer.config.StorageSettings` adds the catalog (database, vector en
 `api.config.Settings` adds the HTTP server (address, key, timeouts) and is the one object users
 configure. Every field is read from the environment with the prefix `CNCLIP_` (for example
 `CNCLIP_MODEL_DIR`); list fields take JSON (`CNCLIP_BUCKETS='[1,4,8]'`). Every field is
-documented in the README's settings table; a test keeps the two in sync.
+documented in the settings table of docs/settings.md; a test keeps the two in sync.
 """
 
 from __future__ import annotations

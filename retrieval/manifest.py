@@ -1,6 +1,6 @@
 """The model directory's `manifest.json`: what the runtime needs to load a converted model.
 
-Schema (format 2; format 1 is the same without "lengths"), documented in the README:
+Schema (format 2; format 1 is the same without "lengths"), documented in docs/models.md:
 
     {
       "format": 2,

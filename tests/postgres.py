@@ -8,7 +8,7 @@ from contextlib import contextmanager
 
 from sqlalchemy import create_engine
 
-# The server the README and CI start; tests fail (never skip) when it is not reachable.
+# The server docs/development.md names and CI starts; tests fail (never skip) when it is not reachable.
 POSTGRES_URL = "postgresql+psycopg://postgres@127.0.0.1:5432/test"
 
 

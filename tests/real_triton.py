@@ -1,6 +1,6 @@
-"""A real Triton Inference Server for the tests and benchmarks, started the way the README starts it:
+"""A real Triton Inference Server for the tests and benchmarks, started the way docs/triton.md starts it:
 `cnclip triton-server REPO --http-port N --grpc-port 0` (retrieval/toolchain/triton/server.py) in a subprocess, so
-that the README's path is the tested path. The server is the `tritonserver` binary of the
+that the documented path is the tested path. The server is the `tritonserver` binary of the
 `nvidia-pytriton` wheel (Triton 2.51, Python backend only, no onnxruntime backend).
 
     with RealTriton(repository) as triton:      # a loopback port, waits until ready

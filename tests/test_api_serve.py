@@ -91,8 +91,8 @@ def test_busy_port_fails_in_one_line_before_the_model_loads(
 def test_an_app_that_cannot_start_exits_1_not_3(
     monkeypatch: pytest.MonkeyPatch, toy_model_dir: Path, tmp_path: Path
 ) -> None:
-    """uvicorn exits 3 when the app's start-up fails (e.g. an unreachable Triton); the README keeps 3
-    for `cnclip index`, so serve says 1, an error, like every other failure."""
+    """uvicorn exits 3 when the app's start-up fails (e.g. an unreachable Triton); the exit status list
+    (docs/indexing.md) keeps 3 for `cnclip index`, so serve says 1, an error, like every other failure."""
 
     @asynccontextmanager
     async def failing(_app: FastAPI) -> AsyncIterator[None]:

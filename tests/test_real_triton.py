@@ -35,7 +35,7 @@ from tests.test_triton_export import parse_config
 
 pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+TRITON_PAGE = Path(__file__).resolve().parent.parent / "docs" / "triton.md"
 
 MODELS = ("cnclip_text", "cnclip_image", "cnclip_image_bytes")
 
@@ -156,21 +156,21 @@ def test_concurrent_requests_are_batched_by_triton(triton: RealTriton) -> None:
     assert cosines(vectors[:16], alone).min() >= 0.99999
 
 
-def readme_tritonclient_example() -> str:
-    """The README's tritonclient example (its one ```python block that imports tritonclient)."""
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(encoding="utf-8"), flags=re.DOTALL)
+def documented_tritonclient_example() -> str:
+    """The Triton page's tritonclient example (its one ```python block that imports tritonclient)."""
+    blocks = re.findall(r"```python\n(.*?)```", TRITON_PAGE.read_text(encoding="utf-8"), flags=re.DOTALL)
     examples = [block for block in blocks if "import tritonclient" in block]
-    assert len(examples) == 1, f"{len(examples)} tritonclient examples in README.md"
+    assert len(examples) == 1, f"{len(examples)} tritonclient examples in docs/triton.md"
     return examples[0]
 
 
 @pytest.mark.parametrize("server", ["triton", "ours"])
-def test_the_readme_tritonclient_example_works(
+def test_the_documented_tritonclient_example_works(
     request: pytest.FixtureRequest, server: str, ours: ServerThread, tmp_path: Path
 ) -> None:
-    """The README's snippet, as written there, against a real Triton (started by `cnclip triton-server`)
-    and against `cnclip serve`'s /v2: the same vectors as the in-process encoder from both."""
-    example = readme_tritonclient_example()
+    """docs/triton.md's snippet, as written there, against a real Triton (started by `cnclip
+    triton-server`) and against `cnclip serve`'s /v2: the same vectors as the in-process encoder from both."""
+    example = documented_tritonclient_example()
     # Only the address and the photo are swapped for this test's; the rest runs as printed.
     assert example.count('"127.0.0.1:8000"') == 1 and example.count('"photo.jpg"') == 1, example
     photo = tmp_path / "photo.jpg"
@@ -178,7 +178,7 @@ def test_the_readme_tritonclient_example_works(
     url = request.getfixturevalue(server).url
     code = example.replace('"127.0.0.1:8000"', repr(url)).replace('"photo.jpg"', repr(str(photo)))
     names: dict[str, Any] = {}
-    exec(compile(code, str(README), "exec"), names)  # noqa: S102 - the README's own code, nothing from outside
+    exec(compile(code, str(TRITON_PAGE), "exec"), names)  # noqa: S102 - the docs' own code, nothing from outside
 
     local = ours.app.state.encoder
     expected_text = ours.call(local.embed_token_ids(tokenize(["穿红色裙子的女孩"])))

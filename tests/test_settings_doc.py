@@ -1,4 +1,4 @@
-"""Every field of `Settings` has a row in the README's Settings table (env var, default,
+"""Every field of `Settings` has a row in the settings table of docs/settings.md (env var, default,
 description), and every row is a real field. Regenerate the table after adding a setting:
 
     python -m tests.test_settings_doc
@@ -16,7 +16,7 @@ from pydantic import SecretStr
 from api.config import Settings
 from retrieval.config import REPO_ROOT
 
-README = REPO_ROOT / "README.md"
+SETTINGS_PAGE = REPO_ROOT / "docs" / "settings.md"
 HEADER = "| Variable | Default | Description |\n| --- | --- | --- |"
 
 
@@ -54,12 +54,13 @@ def render_table() -> str:
 
 
 def documented_rows() -> dict[str, tuple[str, str]]:
-    """env var -> (default cell, description cell) from the README's Settings section."""
-    text = README.read_text(encoding="utf-8")
-    match = re.search(r"^## Settings\n(.*?)(?=^## )", text, flags=re.S | re.M)
-    assert match, "README.md has no '## Settings' section"
+    """env var -> (default cell, description cell) from the settings page's table: the rows that
+    follow its header line, up to the first line that is not a table row."""
+    text = SETTINGS_PAGE.read_text(encoding="utf-8")
+    assert text.count(HEADER) == 1, f"{SETTINGS_PAGE.name} needs exactly one table headed {HEADER!r}"
+    table = re.match(r"(?:\|.*\n?)*", text.split(HEADER, 1)[1].lstrip("\n"))
     rows = {}
-    for line in match.group(1).splitlines():
+    for line in table.group(0).splitlines() if table else []:
         cells = [c.strip() for c in re.split(r"(?<!\\)\|", line.strip())[1:-1]]
         if len(cells) == 3 and cells[0].startswith("`CNCLIP_"):
             rows[cells[0].strip("`")] = (cells[1], cells[2])
@@ -70,9 +71,9 @@ def test_every_setting_is_documented_with_its_default_and_description() -> None:
     documented = documented_rows()
     fields = {env_name(name): field for name, field in Settings.model_fields.items()}
     assert sorted(set(fields) - set(documented)) == [], (
-        "settings missing from README (python -m tests.test_settings_doc)"
+        "settings missing from docs/settings.md (python -m tests.test_settings_doc)"
     )
-    assert sorted(set(documented) - set(fields)) == [], "README documents settings that do not exist"
+    assert sorted(set(documented) - set(fields)) == [], "docs/settings.md documents settings that do not exist"
     for env, field in fields.items():
         default, description = documented[env]
         assert default == render_default(field.get_default(call_default_factory=True)), env
@@ -81,12 +82,12 @@ def test_every_setting_is_documented_with_its_default_and_description() -> None:
 
 
 def test_the_check_notices_a_missing_row(monkeypatch: Any, tmp_path: Path) -> None:
-    readme = tmp_path / "README.md"
+    page = tmp_path / "settings.md"
     table = render_table()
-    readme.write_text(f"# x\n\n## Settings\n\n{table}\n\n## Next\n", encoding="utf-8")
-    monkeypatch.setitem(globals(), "README", readme)
-    assert set(documented_rows()) == {env_name(n) for n in Settings.model_fields}
-    readme.write_text(f"## Settings\n\n{table.replace('CNCLIP_PORT', 'CNCLIP_PORTS')}\n\n## Next\n", encoding="utf-8")
+    page.write_text(f"# Settings\n\n{table}\n\n## Next\n\n| `CNCLIP_LATER` | x | y |\n", encoding="utf-8")
+    monkeypatch.setitem(globals(), "SETTINGS_PAGE", page)
+    assert set(documented_rows()) == {env_name(n) for n in Settings.model_fields}  # the table ends at its end
+    page.write_text(f"# Settings\n\n{table.replace('CNCLIP_PORT', 'CNCLIP_PORTS')}\n", encoding="utf-8")
     assert "CNCLIP_PORT" not in documented_rows()
 
 
