@@ -87,7 +87,8 @@ def _from_tuning(
 ) -> TowerPlan:
     """The tuned choice for a tower; ModelError/EncoderUnavailable when it no longer fits this process."""
     backend = backend_named(choice.backend)
-    device = _choose_device(backend, choice.device, devices)
+    chosen = _choose_device(backend, choice.device, devices)
+    device = DeviceChoice(chosen.name, f"the tuning file's choice, {chosen.reason}")
     offered = backend.precisions(device.name, manifest.towers[tower].precisions())
     if choice.precision not in offered:
         raise ModelError(f"{backend.name} on {device.name} does not offer {choice.precision} for {tower} here")
