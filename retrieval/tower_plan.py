@@ -134,7 +134,7 @@ def _from_defaults(
     requested: str = settings.precision
     if requested != "auto":
         if requested not in offered:
-            if requested not in available and backend is DEFAULT_BACKEND:
+            if requested in backend.variants and requested not in available:
                 # The message this setting always gave with ONNX Runtime.
                 raise ModelError(
                     f"CNCLIP_PRECISION={requested} but the model directory only has {', '.join(available)} graphs"

@@ -153,7 +153,7 @@ class TuningFile(_Strict):
         parts = []
         for tower in ("image", "text"):
             t = self.towers[tower]
-            packed = sorted(t.prepacked())
+            packed = sorted(t.prepacked(), key=lambda s: (s[1] or 0, s[0]))
             extra = f", prepacked {','.join(shape_key(s) for s in packed)}" if packed else ""
             parts.append(f"{tower} → {t.backend} {t.device} {t.precision}{extra}, {t.streams} stream(s)")
         return "; ".join(parts)
