@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -51,7 +51,17 @@ def convert(
         str,
         typer.Option(help="Text sequence lengths, a text graph per length and batch; 52 is always made."),
     ] = "16,32,52",
-    precision: Annotated[str, typer.Option(help="Comma-separated: fp32, fp16, int8.")] = "fp32,fp16,int8",
+    precision: Annotated[
+        str,
+        typer.Option(help="Comma-separated: fp32, fp16, int8 (ONNX Runtime), int8-qdq (OpenVINO, NNCF-calibrated)."),
+    ] = "fp32,fp16,int8",
+    calibration_images: Annotated[
+        Path | None,
+        typer.Option(help="int8-qdq: a folder of pictures like those you will index (default: synthetic ones)."),
+    ] = None,
+    calibration_texts: Annotated[
+        Path | None, typer.Option(help="int8-qdq: a UTF-8 file of texts, one per line (default: built-in captions).")
+    ] = None,
     name: Annotated[str | None, typer.Option(help="Model name in the manifest (default cnclip-<arch>).")] = None,
     logit_scale: Annotated[
         float, typer.Option(help="Logit multiplier for --from-cnclip-onnx (graphs do not carry it).")
@@ -83,9 +93,13 @@ def convert(
                     progress=lambda msg: status.update(msg),
                 )
         else:
+            from retrieval.convert.openvino_int8 import Calibration
+
+            calibration = Calibration(calibration_images, calibration_texts)
             manifest, report = _convert_checkpoint(
-                console, out, arch, config, checkpoint, random_init, bucket_list, precisions, name, seed, length_list
-            )
+                console, out, arch, config, checkpoint, random_init, bucket_list, precisions, name, seed, length_list,
+                calibration,
+            )  # fmt: skip
     except CnclipError as exc:
         raise _fail(console, exc) from exc
     report.print(console)
@@ -104,6 +118,7 @@ def _convert_checkpoint(
     name: str | None,
     seed: int,
     text_lengths: list[int],
+    calibration: Any = None,
 ):  # type: ignore[no-untyped-def]
     import torch
 
@@ -148,6 +163,7 @@ def _convert_checkpoint(
             source=source,
             progress=status.update,
             text_lengths=text_lengths,
+            calibration=calibration,
         )
 
 
