@@ -13,7 +13,7 @@ from cli.errors import fail
 bench_app = typer.Typer(help="Benchmarks of the model runtime.", no_args_is_help=True)
 
 
-def _ints(value: str) -> list[int]:
+def ints(value: str) -> list[int]:
     try:
         numbers = [int(v) for v in value.split(",") if v.strip()]
     except ValueError as exc:
@@ -55,10 +55,10 @@ def bench_encoders(
         raise typer.BadParameter("towers must be text and/or image")
     if precision not in ("auto", "fp32", "fp16", "int8"):
         raise typer.BadParameter("precision must be auto, fp32, fp16 or int8")
-    base = RuntimeSettings(model_dir=model, precision=precision, buckets=_ints(buckets))  # type: ignore[call-arg, arg-type]
+    base = RuntimeSettings(model_dir=model, precision=precision, buckets=ints(buckets))  # type: ignore[call-arg, arg-type]
     try:
         points = run_sweep(
-            model, tower_list, _ints(concurrency), _configs(configs), duration, base,
+            model, tower_list, ints(concurrency), _configs(configs), duration, base,
             on_point=lambda p: typer.echo(f"measured: {p.row()}", err=True),
         )  # fmt: skip
     except CnclipError as exc:

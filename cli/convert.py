@@ -51,7 +51,17 @@ def convert(
         str,
         typer.Option(help="Text sequence lengths, a text graph per length and batch; 52 is always made."),
     ] = "16,32,52",
-    precision: Annotated[str, typer.Option(help="Comma-separated: fp32, fp16, int8.")] = "fp32,fp16,int8",
+    precision: Annotated[
+        str,
+        typer.Option(help="Comma-separated: fp32, fp16, int8 (ONNX Runtime), int8-qdq (OpenVINO, NNCF-calibrated)."),
+    ] = "fp32,fp16,int8",
+    calibration_images: Annotated[
+        Path | None,
+        typer.Option(help="int8-qdq: a folder of pictures like those you will index (default: synthetic ones)."),
+    ] = None,
+    calibration_texts: Annotated[
+        Path | None, typer.Option(help="int8-qdq: a UTF-8 file of texts, one per line (default: built-in captions).")
+    ] = None,
     name: Annotated[str | None, typer.Option(help="Model name in the manifest (default cnclip-<arch>).")] = None,
     logit_scale: Annotated[
         float, typer.Option(help="Logit multiplier for --from-cnclip-onnx (graphs do not carry it).")
@@ -70,26 +80,40 @@ def convert(
         length_list = _int_list(text_lengths, "--text-lengths")
         precisions = [p.strip() for p in precision.split(",") if p.strip()]
         if from_cnclip_onnx:
-            from retrieval.toolchain.convert.cnclip_onnx import wrap_cnclip_onnx
-
-            with console.status("wrapping Chinese-CLIP ONNX graphs") as status:
-                manifest, report = wrap_cnclip_onnx(
-                    from_cnclip_onnx,
-                    out,
-                    bucket_list,
-                    name=name,
-                    arch=arch or "cnclip-onnx",
-                    logit_scale=logit_scale,
-                    progress=lambda msg: status.update(msg),
-                )
+            manifest, report = _wrap_cnclip_onnx(console, from_cnclip_onnx, out, bucket_list, name, arch, logit_scale)
         else:
+            calibration = (calibration_images, calibration_texts)
             manifest, report = _convert_checkpoint(
-                console, out, arch, config, checkpoint, random_init, bucket_list, precisions, name, seed, length_list
-            )
+                console, out, arch, config, checkpoint, random_init, bucket_list, precisions, name, seed, length_list,
+                calibration,
+            )  # fmt: skip
     except CnclipError as exc:
         raise fail(exc) from exc
     print_report(report, console)
     console.print(f"[green]wrote[/green] {out} (model {manifest.name}, logit_scale {manifest.logit_scale:g})")
+
+
+def _wrap_cnclip_onnx(
+    console: Console,
+    prefix: str,
+    out: Path,
+    buckets: list[int],
+    name: str | None,
+    arch: str | None,
+    logit_scale: float,
+) -> tuple[ModelManifest, ConvertReport]:
+    from retrieval.toolchain.convert.cnclip_onnx import wrap_cnclip_onnx
+
+    with console.status("wrapping Chinese-CLIP ONNX graphs") as status:
+        return wrap_cnclip_onnx(
+            prefix,
+            out,
+            buckets,
+            name=name,
+            arch=arch or "cnclip-onnx",
+            logit_scale=logit_scale,
+            progress=lambda msg: status.update(msg),
+        )
 
 
 def _convert_checkpoint(
@@ -104,8 +128,10 @@ def _convert_checkpoint(
     name: str | None,
     seed: int,
     text_lengths: list[int],
+    calibration: tuple[Path | None, Path | None],
 ) -> tuple[ModelManifest, ConvertReport]:
     from retrieval.toolchain.convert.checkpoint import model_from_options
+    from retrieval.toolchain.convert.openvino_int8 import Calibration
     from retrieval.toolchain.convert.pipeline import convert_model
 
     model, arch_name, source = model_from_options(arch, config_path, checkpoint, random_init, seed)
@@ -120,6 +146,7 @@ def _convert_checkpoint(
             source=source,
             progress=status.update,
             text_lengths=text_lengths,
+            calibration=Calibration(*calibration),
         )
 
 

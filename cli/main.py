@@ -8,7 +8,7 @@ import sys
 
 import typer
 
-from cli import bench, catalog, convert, demo, indexing, models, serving, triton
+from cli import bench, catalog, convert, demo, indexing, models, serving, triton, tune
 from cli.errors import EXIT_INTERRUPTED, EXIT_STATUS
 
 
@@ -58,6 +58,7 @@ def build_cli() -> typer.Typer:
     # In the order their commands appear in --help; each module imports its heavy parts inside commands.
     for register in (
         bench.register,
+        tune.register,
         convert.register,
         models.register,
         catalog.register_db,

@@ -35,8 +35,31 @@ class RuntimeSettings(BaseSettings):
     provider: Literal["auto", "cann", "cuda", "cpu"] = Field(
         "auto", description="Execution provider; auto detects an Ascend NPU, then CUDA, then uses CPU."
     )
-    precision: Literal["auto", "fp32", "fp16", "int8"] = Field(
-        "auto", description="Graph precision; auto = fp16 on NPU/GPU, int8 on CPU when present, else fp32."
+    precision: Literal["auto", "fp32", "fp16", "bf16", "int8"] = Field(
+        "auto",
+        description="Run precision; auto = the tuning file's choice, else fp16 on NPU/GPU, int8 on CPU when "
+        "present, else fp32. bf16 needs OpenVINO on a CPU with AVX512_BF16 or AMX.",
+    )
+    backend: Literal["auto", "onnxruntime", "openvino"] = Field(
+        "auto",
+        description="Execution backend; auto = what a matching tuning file chose per tower (`cnclip tune`), "
+        "else ONNX Runtime. openvino needs the `openvino` extra.",
+    )
+    openvino_device: str = Field(
+        "auto",
+        pattern=r"^(?i:auto|cpu|gpu(\.\d{1,2})?|npu)$",
+        description="OpenVINO device: auto (the CPU), CPU, GPU, GPU.N or NPU where OpenVINO lists it.",
+    )
+    tuning_file: Path | None = Field(
+        None,
+        description="The tuning file `cnclip tune` wrote; unset = tuning.json in the model directory. Used only "
+        "when it was made for this model on this machine.",
+    )
+    memory_budget_mb: int = Field(
+        0,
+        ge=0,
+        description="Upper bound for the towers' weight copies in MB (shared copies once, each prepacked or "
+        "OpenVINO session once more); tuned prepacked sessions are dropped to fit. 0 = no bound.",
     )
     device_id: int = Field(0, description="NPU/GPU device index.")
     buckets: list[int] = Field(

@@ -1,4 +1,8 @@
-"""The local encoder: ONNX Runtime sessions per tower, bucket and stream behind a dynamic batcher.
+"""The local encoder: sessions per tower, bucket and stream behind a dynamic batcher.
+
+Each tower runs on the backend, device and precision its plan names (retrieval/tower_plan.py: a
+matching `cnclip tune` file, else ONNX Runtime's defaults); the sessions come from that backend's
+record (retrieval/backends/).
 
 pre (tokenize / decode + normalise, off the event loop) → batcher (bounded queue, buckets,
 streams) → core (session.run of a fixed-shape graph) → post (drop padding, L2-normalise). Token ids
@@ -11,30 +15,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 import numpy as np
 
+from retrieval.backends import DeviceChoice, SessionConfig, cpu_thread_plan
 from retrieval.batcher import DynamicBatcher
 from retrieval.config import RuntimeSettings
 from retrieval.errors import EncoderUnavailable, InvalidImage, InvalidInput, ModelError
 from retrieval.manifest import ModelManifest
 from retrieval.preprocess import preprocess_image
-from retrieval.providers import (
-    ProviderChoice,
-    SessionConfig,
-    choose_precision,
-    choose_provider,
-    cpu_thread_plan,
-    weight_sharing,
-)
 from retrieval.query_cache import QueryCache, TokenKey, embed_with_cache
-from retrieval.sessions import BucketedSession, OrtSession, SessionFactory, Stream, StreamPool
+from retrieval.sessions import BucketedSession, SessionFactory, Stream, StreamPool
 from retrieval.shared_weights import SharedWeights
 from retrieval.text_lengths import split_by_length
 from retrieval.tokenizer import default_tokenizer
+from retrieval.tower_plan import TowerPlan, fit_budget, plan_towers
+from retrieval.tuning import read_tuning, tuning_path
 from retrieval.types import TOWERS, Encoder, EncoderObserver
 
 log = logging.getLogger(__name__)
@@ -45,8 +44,9 @@ _TOKENIZE_INLINE = 64  # texts tokenized on the event loop; more go to a thread 
 class LocalEncoder:
     """Embeds texts and images with the model directory's ONNX graphs on this machine.
 
-    `await start()` chooses the provider and precision, opens one session per tower, bucket and
-    stream and runs every bucket once; only then is `ready` True.
+    `await start()` plans each tower (backend, device, precision, prepacked shapes, streams), opens
+    one session per tower, shape and stream and runs every one once; only then is `ready` True.
+    `session_factory` replaces every backend's sessions (tests inject fakes through it).
     """
 
     def __init__(
@@ -54,8 +54,7 @@ class LocalEncoder:
         settings: RuntimeSettings,
         manifest: ModelManifest | None = None,
         observer: EncoderObserver | None = None,
-        session_factory: SessionFactory = OrtSession,
-        provider_chooser: Callable[[str], ProviderChoice] = choose_provider,
+        session_factory: SessionFactory | None = None,
     ) -> None:
         self.settings = settings
         self.manifest = manifest if manifest is not None else ModelManifest.load(settings.model_dir)
@@ -65,12 +64,12 @@ class LocalEncoder:
         self.image_size = self.manifest.image_size
         self.context_length = self.manifest.context_length
         self.observer = observer
-        self.provider: ProviderChoice | None = None
+        self.provider: DeviceChoice | None = None
+        self.plans: dict[str, TowerPlan] = {}
         self.precision: dict[str, str] = {}
         self.buckets: dict[str, list[int]] = {}
         self.text_lengths: list[int] = [self.context_length]  # length buckets, ascending; the last is the full one
         self._session_factory = session_factory
-        self._choose_provider = provider_chooser
         self._batchers: dict[str, DynamicBatcher] = {}
         self._pools: dict[str, StreamPool] = {}
         self._preprocess_pool: ThreadPoolExecutor | None = None
@@ -84,19 +83,20 @@ class LocalEncoder:
     def ready(self) -> bool:
         return self._ready
 
-    def _plan(self, provider: str) -> None:
-        for tower in TOWERS:
-            spec = self.manifest.towers[tower]
-            precision = choose_precision(provider, self.settings.precision, spec.precisions())
-            have = spec.buckets(precision)
-            buckets = [b for b in self.settings.buckets if b in have]
-            if not buckets:
-                raise ModelError(
-                    f"none of the configured buckets {self.settings.buckets} exist for {tower}/{precision} "
-                    f"(the model directory has {have})"
-                )
-            self.precision[tower], self.buckets[tower] = precision, buckets
-        self.text_lengths = self._plan_text_lengths(self.precision["text"])
+    def _plan(self) -> None:
+        """Each tower's plan: the tuning file when it fits this model and machine, else the defaults."""
+        path = tuning_path(self.settings.model_dir, self.settings.tuning_file)
+        outcome = read_tuning(path, self.model_id, self.settings.model_dir)
+        log.log(outcome.level, "%s", outcome.line)
+        plans = plan_towers(self.settings, self.manifest, outcome.tuning)
+        self.text_lengths = self._plan_text_lengths(plans["text"].graph)
+        self.plans = fit_budget(plans, self.manifest, self.settings.memory_budget_mb, self._shape_count)
+        for tower, plan in self.plans.items():
+            self.precision[tower], self.buckets[tower] = plan.precision, plan.buckets
+        self.provider = self.plans["text"].device
+
+    def _shape_count(self, plan: TowerPlan) -> int:
+        return len(plan.buckets) * (len(self.text_lengths) if plan.tower == "text" else 1)
 
     def _plan_text_lengths(self, precision: str) -> list[int]:
         have = self.manifest.text_lengths(precision)
@@ -111,13 +111,12 @@ class LocalEncoder:
         # The full length always stays: it is the only graph that holds the longest texts.
         return sorted({*wanted, self.context_length})
 
-    def _open_streams(self, provider: str) -> dict[str, list[Stream]]:
+    def _open_streams(self) -> dict[str, list[Stream]]:
         """Open and warm every session (blocking: called in a thread)."""
-        s = self.settings
-        plan = cpu_thread_plan(s.streams, s.threads_per_stream) if provider == "cpu" else [[]] * s.streams
         streams: dict[str, list[Stream]] = {tower: [] for tower in TOWERS}
         try:
-            self._open_into(streams, provider, plan)
+            for tower in TOWERS:
+                self._open_tower(streams[tower], self.plans[tower])
         except BaseException:
             for opened in streams.values():  # do not leak the threads of what did open
                 for stream in opened:
@@ -125,47 +124,62 @@ class LocalEncoder:
             raise
         return streams
 
-    def _open_into(self, streams: dict[str, list[Stream]], provider: str, plan: list[list[int]]) -> None:
+    def _open_tower(self, streams: list[Stream], plan: TowerPlan) -> None:
         s = self.settings
-        share, why = weight_sharing(provider, s.share_weights)
-        log.info("weights: %s", why)
-        for tower in TOWERS:
-            # One per tower and precision, handed to every bucket and stream of the tower.
-            weights = SharedWeights(f"{tower}/{self.precision[tower]}") if share else None
-            for index, cores in enumerate(plan):
-                config = SessionConfig(
-                    provider=provider,
-                    precision=self.precision[tower],
-                    device_id=s.device_id,
-                    cores=cores,
-                    pin_threads=s.pin_threads,
-                    spin=s.streams == 1,
-                    weights=weights,
-                )
-                session = BucketedSession.open(
-                    self.manifest,
-                    tower,
-                    self.precision[tower],
-                    self.buckets[tower],
-                    config,
-                    self._session_factory,
-                    lengths=self.text_lengths if tower == "text" else (),
-                )
-                stream = Stream(index, session, cores, pin=s.pin_threads and provider == "cpu")
-                # Warm up in the stream's own (pinned) thread, as it will run.
-                streams[tower].append(stream)
-                stream.executor.submit(stream.warm_up, self.image_size, self.context_length).result()
-            if weights is not None:
-                log.info("%s", weights.summary())
+        on_cores = plan.backend.uses_cpu_cores(plan.device.name)
+        cores_plan = cpu_thread_plan(plan.streams, plan.threads_per_stream) if on_cores else [[]] * plan.streams
+        # One per tower, handed to every bucket and stream of the tower that does not prepack its own.
+        weights = SharedWeights(f"{plan.tower}/{plan.graph}") if plan.share else None
+        factory = self._session_factory or plan.backend.open_session
+        for index, cores in enumerate(cores_plan):
+            config = SessionConfig(
+                provider=plan.device.name,
+                precision=plan.graph,
+                device_id=s.device_id,
+                cores=cores,
+                pin_threads=s.pin_threads,
+                spin=plan.streams == 1,
+                weights=weights,
+                backend=plan.backend.name,
+                run_precision=plan.precision,
+            )
+            session = BucketedSession.open(
+                self.manifest,
+                plan.tower,
+                plan.graph,
+                plan.buckets,
+                config,
+                factory,
+                lengths=self.text_lengths if plan.tower == "text" else (),
+                prepack=plan.prepack,
+            )
+            stream = Stream(index, session, cores, pin=s.pin_threads and on_cores)
+            # Warm up in the stream's own (pinned) thread, as it will run.
+            streams.append(stream)
+            stream.executor.submit(stream.warm_up, self.image_size, self.context_length).result()
+        reported = streams[0].session.engine_precisions() if streams else []
+        log.info(
+            "%s tower: %s (%s), %s, graphs %s, the engine reports %s; weights: %s; %d stream(s) [%s]",
+            plan.tower,
+            plan.placement(),
+            plan.device.reason,
+            plan.precision,
+            plan.graph,
+            "/".join(reported) or "nothing (injected sessions)",
+            plan.weights_words(),
+            plan.streams,
+            plan.source,
+        )
+        if weights is not None:
+            log.info("%s", weights.summary())
 
     async def start(self) -> None:
         """Choose provider and precision, open and warm all sessions, start the batchers."""
         if self._ready:
             return
         started = time.perf_counter()
-        self.provider = self._choose_provider(self.settings.provider)
-        self._plan(self.provider.name)
-        streams = await asyncio.to_thread(self._open_streams, self.provider.name)
+        self._plan()
+        streams = await asyncio.to_thread(self._open_streams)
         for tower in TOWERS:
             self._pools[tower] = StreamPool(streams[tower])
             batcher = DynamicBatcher(
@@ -180,21 +194,21 @@ class LocalEncoder:
             batcher.start()
             self._batchers[tower] = batcher
         workers = max(1, sum(len(p) for p in cpu_thread_plan(self.settings.streams, self.settings.threads_per_stream)))
+        placements = {plan.placement() + f" ({plan.device.reason})" for plan in self.plans.values()}
         self._preprocess_pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="preprocess")
         self._ready = True
         log.info(
-            "encoder %s ready in %.1fs: provider %s (%s); precision text=%s image=%s; buckets %s; "
+            "encoder %s ready in %.1fs: provider %s; precision text=%s image=%s; buckets %s; "
             "text lengths %s (%d text graphs warmed per stream); %d stream(s)",
             self.model_id,
             time.perf_counter() - started,
-            self.provider.name,
-            self.provider.reason,
+            " / ".join(sorted(placements)),
             self.precision["text"],
             self.precision["image"],
             self.buckets["text"],
             self.text_lengths,
             len(self.buckets["text"]) * len(self.text_lengths),
-            self.settings.streams,
+            max(plan.streams for plan in self.plans.values()),
         )
 
     async def close(self) -> None:

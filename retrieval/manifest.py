@@ -39,7 +39,8 @@ from retrieval.errors import ModelError
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 2
 READABLE_FORMATS = (1, 2)  # format 1: no text length buckets
-PRECISIONS = ("fp32", "fp16", "int8")
+# int8: ONNX Runtime's dynamic quantization; int8-qdq: NNCF's calibrated static int8 (for OpenVINO).
+PRECISIONS = ("fp32", "fp16", "int8", "int8-qdq")
 CNCLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CNCLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 

@@ -5,7 +5,8 @@ opened for one stream. A *stream* owns one bucketed session per tower role and o
 so it runs one batch at a time on its own cores. A `StreamPool` hands out idle streams, the one
 idle longest first, so batches spread evenly over streams.
 
-The ONNX Runtime session sits behind the small `ModelSession` protocol so tests inject fakes.
+Every backend's session (retrieval/backends/) sits behind the small `ModelSession` protocol, so
+tests inject fakes and a tower's buckets may be opened by any backend.
 """
 
 from __future__ import annotations
@@ -14,16 +15,17 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import numpy as np
 
+from retrieval.backends import SessionConfig, engine_errors
+from retrieval.backends.onnxruntime import OrtSession
 from retrieval.errors import ModelError
 from retrieval.manifest import ModelManifest
-from retrieval.providers import SessionConfig
 
 log = logging.getLogger(__name__)
 
@@ -32,66 +34,6 @@ class ModelSession(Protocol):
     """One fixed-shape graph: `run` takes exactly its batch size and returns (batch, dim) float32."""
 
     def run(self, batch: np.ndarray) -> np.ndarray: ...
-
-
-def ort_errors() -> tuple[type[BaseException], ...]:
-    """ONNX Runtime's own exception types (they do not share a base class below Exception)."""
-    from onnxruntime.capi import onnxruntime_pybind11_state as state
-
-    names = (
-        "Fail",
-        "InvalidArgument",
-        "InvalidGraph",
-        "InvalidProtobuf",
-        "NoSuchFile",
-        "NoModel",
-        "EPFail",
-        "RuntimeException",
-        "NotImplemented",
-        "EngineError",
-        "ModelRequiresCompilation",
-    )
-    return tuple(getattr(state, n) for n in names if hasattr(state, n))
-
-
-class OrtSession:
-    """A `ModelSession` over one ONNX Runtime `InferenceSession`.
-
-    With `config.weights` the session reads the tower's shared weights; if they cannot be handed
-    over, or ONNX Runtime refuses the session with them, it says so once and loads its own copy."""
-
-    def __init__(self, path: Path, config: SessionConfig, input_name: str, output_name: str) -> None:
-        # The session reads the shared weights' mapped buffers: they must live as long as it does.
-        self.weights = config.weights if config.weights is not None and config.weights.usable else None
-        if self.weights is not None:
-            try:
-                self._session = self._open(path, config)
-                self.weights.record_session()
-            except (OSError, ValueError, ModelError) as exc:
-                self.weights.give_up(f"{path.name}: {exc}")
-                log.warning("%s: cannot share weights, each session loads its own copy: %s", self.weights.label, exc)
-                self.weights = None
-        if self.weights is None:
-            self._session = self._open(path, config.unshared())
-        self.input_name = input_name
-        self.output_name = output_name
-        self.providers = self._session.get_providers()
-
-    @staticmethod
-    def _open(path: Path, config: SessionConfig) -> Any:
-        import onnxruntime as ort
-
-        errors: tuple[type[BaseException], ...] = (RuntimeError, *ort_errors())
-        try:
-            options = config.session_options()
-            if config.weights is not None:
-                config.weights.add_to(options, path)
-            return ort.InferenceSession(str(path), sess_options=options, providers=config.providers())
-        except errors as exc:
-            raise ModelError(f"cannot open graph {path}: {exc}") from exc
-
-    def run(self, batch: np.ndarray) -> np.ndarray:
-        return self._session.run([self.output_name], {self.input_name: batch})[0]
 
 
 SessionFactory = Callable[[Path, SessionConfig, str, str], ModelSession]
@@ -136,16 +78,25 @@ class BucketedSession:
         config: SessionConfig,
         factory: SessionFactory = OrtSession,
         lengths: Sequence[int] = (),
+        prepack: Collection[ShapeKey] = (),
     ) -> BucketedSession:
-        """Open every batch bucket's graph; for text also at each of `lengths` shorter than the full one."""
+        """Open every batch bucket's graph; for text also at each of `lengths` shorter than the full one.
+
+        Shapes in `prepack` get a session with its own (prepacked) copy of the weights even when
+        `config` shares one copy: the hot buckets `cnclip tune` found faster that way."""
         spec = manifest.towers[tower]
         shorter = [n for n in lengths if n < manifest.context_length] if tower == "text" else []
         sessions: dict[ShapeKey, ModelSession] = {}
         for length in [None, *shorter]:
             for b in buckets:
                 path = manifest.graph_path(tower, precision, b, length)
-                sessions[(b, length)] = factory(path, config, spec.input_name, spec.output_name)
+                shape_config = config.unshared() if (b, length) in prepack else config
+                sessions[(b, length)] = factory(path, shape_config, spec.input_name, spec.output_name)
         return cls(tower, sessions)
+
+    def engine_precisions(self) -> list[str]:
+        """What the engine reports computing in, over this tower's sessions (a fake reports nothing)."""
+        return sorted({str(p) for s in self.sessions.values() if (p := getattr(s, "engine_precision", None))})
 
 
 def dummy_batch(tower: str, bucket: int, image_size: int, context_length: int) -> np.ndarray:
@@ -186,7 +137,7 @@ class Stream:
 
     def warm_up(self, image_size: int, context_length: int) -> None:
         """Run every graph once (on CANN this compiles each static model); fails loudly if one cannot run."""
-        errors: tuple[type[BaseException], ...] = (RuntimeError, ValueError, *ort_errors())
+        errors = engine_errors()
         for bucket, length in self.session.shapes:
             start = time.perf_counter()
             name = f"{self.session.tower} bucket {bucket}" + (f" length {length}" if length else "")

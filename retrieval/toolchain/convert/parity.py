@@ -9,7 +9,6 @@ neighbour overlap of text→image search on the sample gallery are reported.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -18,38 +17,18 @@ import torch
 import torch.nn.functional as F
 
 from retrieval.errors import ModelError
-from retrieval.manifest import CNCLIP_MEAN, CNCLIP_STD
+
+# The parity set and the comparisons live in the runtime's quality gate (no torch there); the
+# converter imports them, and its callers keep importing them from here.
+from retrieval.gate import PARITY_SENTENCES as PARITY_SENTENCES
+from retrieval.gate import cosines as cosines
+from retrieval.gate import parity_images
+from retrieval.gate import run_in_buckets as run_in_buckets
+from retrieval.gate import topk_overlap as topk_overlap
 from retrieval.toolchain.convert.export import tower_module
 from retrieval.toolchain.convert.model import CLIP
 
 THRESHOLDS = {"fp32": 0.99999, "fp16": 0.999}
-
-PARITY_SENTENCES = (
-    "穿红色裙子的女孩在公园里放风筝",
-    "一只橘猫趴在窗台上晒太阳",
-    "雨后的城市街道倒映着霓虹灯",
-    "爷爷在院子里给花浇水",
-    "一碗热气腾腾的牛肉拉面",
-    "海边的日落，天空被染成了橙色",
-    "两个孩子在沙滩上堆沙堡",
-    "白雪覆盖的山峰和蓝色的湖泊",
-    "篮球运动员正在扣篮",
-    "桌子上放着一台笔记本电脑和一杯咖啡",
-    "一只金毛犬叼着飞盘奔跑",
-    "春天的樱花开满了整条街",
-    "地铁站里匆匆忙忙的上班族",
-    "厨师正在厨房里切菜",
-    "夜空中的满月和点点繁星",
-    "古老的石桥横跨在小河上",
-    "一辆红色的跑车停在路边",
-    "妈妈抱着刚出生的婴儿",
-    "图书馆里安静看书的学生",
-    "秋天金黄色的银杏叶落满地面",
-    "草原上奔跑的一群骏马",
-    "一盘刚出锅的饺子",
-    "戴着安全帽的工人在工地上干活",
-    "熊猫抱着竹子吃得很香",
-)
 
 
 @dataclass
@@ -74,13 +53,9 @@ class TowerParity:
 
 
 def sample_images(count: int, resolution: int, seed: int = 0) -> np.ndarray:
-    """`count` smooth random pictures, preprocessed like cn_clip's transform: float32 [n, 3, R, R]."""
-    generator = torch.Generator().manual_seed(seed)
-    grid = torch.rand(count, 3, 6, 6, generator=generator)
-    pixels = F.interpolate(grid, size=(resolution, resolution), mode="bicubic", align_corners=False).clamp(0, 1)
-    mean = torch.tensor(CNCLIP_MEAN).view(1, 3, 1, 1)
-    std = torch.tensor(CNCLIP_STD).view(1, 3, 1, 1)
-    return ((pixels - mean) / std).numpy().astype(np.float32)
+    """`count` smooth random pictures, preprocessed like cn_clip's transform: float32 [n, 3, R, R].
+    The quality gate's parity images (retrieval/gate.py), so the converter and the gate use one set."""
+    return parity_images(count, resolution, seed)
 
 
 def sample_texts(length: int = 52) -> np.ndarray:
@@ -117,36 +92,6 @@ def onnx_features(graph: Path, inputs: np.ndarray, bucket: int, threads: int = 0
     session = ort.InferenceSession(str(graph), options, providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
     return run_in_buckets(lambda chunk: session.run(None, {name: chunk})[0], inputs, bucket).astype(np.float32)
-
-
-def run_in_buckets(run: Callable[[np.ndarray], np.ndarray], inputs: np.ndarray, bucket: int) -> np.ndarray:
-    """`run` over `inputs` in chunks of exactly `bucket` rows, the last padded with copies of its
-    last row; the padding rows' outputs are dropped."""
-    out = []
-    for start in range(0, len(inputs), bucket):
-        chunk = inputs[start : start + bucket]
-        real = len(chunk)
-        if real < bucket:
-            chunk = np.concatenate([chunk, np.repeat(chunk[-1:], bucket - real, axis=0)])
-        out.append(run(chunk)[:real])
-    return np.concatenate(out)
-
-
-def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Row-wise cosine similarity."""
-    a = a / np.linalg.norm(a, axis=1, keepdims=True)
-    b = b / np.linalg.norm(b, axis=1, keepdims=True)
-    return (a * b).sum(axis=1)
-
-
-def topk_overlap(
-    ref_queries: np.ndarray, ref_gallery: np.ndarray, queries: np.ndarray, gallery: np.ndarray, k: int = 10
-) -> float:
-    """Mean fraction of each query's top-k gallery neighbours that two feature sets agree on."""
-    k = min(k, len(ref_gallery))
-    ref_top = np.argsort(-(ref_queries @ ref_gallery.T), axis=1)[:, :k]
-    top = np.argsort(-(queries @ gallery.T), axis=1)[:, :k]
-    return float(np.mean([len(set(r) & set(t)) / k for r, t in zip(ref_top, top, strict=True)]))
 
 
 def tower_parity(

@@ -22,9 +22,11 @@ from retrieval.graph_store import SharedWeightsFile
 from retrieval.manifest import MANIFEST_NAME, PRECISIONS, ModelManifest, TowerSpec
 from retrieval.text_lengths import parse_lengths
 from retrieval.toolchain.convert import parity
+from retrieval.toolchain.convert.engine_gate import gate_engines
 from retrieval.toolchain.convert.export import INPUT_NAMES, OPSET, OUTPUT_NAMES, RAW_OUTPUT_NAMES, TOWERS, export_tower
 from retrieval.toolchain.convert.model import CLIP, CONTEXT_LENGTH
-from retrieval.toolchain.convert.quantize import append_l2_normalize, to_fp16, to_int8
+from retrieval.toolchain.convert.openvino_int8 import Calibration, to_int8_qdq
+from retrieval.toolchain.convert.quantize import append_l2_normalize, output_projections, to_fp16, to_int8
 from retrieval.toolchain.convert.report import ConvertReport
 from retrieval.toolchain.convert.simplify import op_counts, simplify_graph
 
@@ -37,12 +39,19 @@ IMAGE_SAMPLES = 48  # the parity gallery; also enough to fill the largest usual 
 DEFAULT_TEXT_LENGTHS = (16, 32, 52)
 
 
-def _variant(precision: str, model: onnx.ModelProto, tower: str) -> onnx.ModelProto:
-    """The `precision` graph of a simplified fp32 tower, with the float32 normalisation appended."""
+def _variant(
+    precision: str, model: onnx.ModelProto, tower: str, calibration: Calibration | None = None, size: int = 0
+) -> onnx.ModelProto:
+    """The `precision` graph of a simplified fp32 tower, with the float32 normalisation appended.
+
+    `int8-qdq` (NNCF, for OpenVINO) is calibrated on `calibration`'s inputs at `size` pixels/tokens."""
     if precision == "fp32":
         variant = model
     elif precision == "fp16":
         variant = to_fp16(model)
+    elif precision == "int8-qdq":
+        inputs = (calibration or Calibration()).inputs(tower, size)
+        variant = to_int8_qdq(model, inputs, output_projections(model))
     else:
         variant = to_int8(model)
     return append_l2_normalize(variant, RAW_OUTPUT_NAMES[tower], OUTPUT_NAMES[tower])
@@ -68,6 +77,7 @@ def write_graphs(
     report: ConvertReport,
     progress: Callable[[str], None] = lambda _msg: None,
     text_lengths: Sequence[int] = (),
+    calibration: Calibration | None = None,
 ) -> tuple[GraphFiles, list[str]]:
     """Export, simplify and save every graph; returns (tower -> precision -> shape -> file, data files).
 
@@ -87,7 +97,8 @@ def write_graphs(
                 for precision in sorted(precisions, key=lambda p: p == "fp32"):
                     progress(f"{precision} {tower}" + (f" l{length}" if length else ""))
                     for shape, graph in simplified.items():
-                        variant = _variant(precision, graph, tower)
+                        size = model.image_resolution if tower == "image" else length or CONTEXT_LENGTH
+                        variant = _variant(precision, graph, tower, calibration, size)
                         if length is None and shape == shapes[0]:
                             report.final_ops.setdefault(tower, {})[precision] = op_counts(variant)
                         name = graph_name(tower, precision, *shape)
@@ -195,6 +206,7 @@ def convert_model(
     source: dict[str, Any] | None = None,
     progress: Callable[[str], None] = lambda _msg: None,
     text_lengths: Sequence[int] = DEFAULT_TEXT_LENGTHS,
+    calibration: Calibration | None = None,
 ) -> tuple[ModelManifest, ConvertReport]:
     """Write a complete, parity-checked model directory for `model` into `out`.
 
@@ -212,7 +224,8 @@ def convert_model(
     (out / MANIFEST_NAME).unlink(missing_ok=True)  # a half-written directory must never look loadable
     model = model.float().eval()
     report = ConvertReport(arch=arch, opset=OPSET)
-    graphs, data_files = write_graphs(model, out, buckets, precisions, report, progress, short_lengths)
+    calibration = calibration if calibration is not None else Calibration()
+    graphs, data_files = write_graphs(model, out, buckets, precisions, report, progress, short_lengths, calibration)
     results = check_parity(model, out, graphs, report, progress)
     for file in [*(f for t in graphs.values() for p in t.values() for f in p.values()), *data_files]:
         report.files[file] = (out / file).stat().st_size
@@ -235,4 +248,9 @@ def convert_model(
             "parity": {r.key: round(r.min_cosine, 7) for r in results},
         },
     )
-    return manifest.save(out, data_files=data_files), report
+    saved = manifest.save(out, data_files=data_files)
+    if calibration is not None and calibration.described:
+        report.notes += [f"int8-qdq calibrated on {what}" for what in calibration.described.values()]
+    saved = gate_engines(saved, out, report, progress)
+    report.save(out)
+    return saved, report

@@ -1,0 +1,222 @@
+"""Side by side: the shipped default against every backend and precision, PyTorch and the GEMM peaks.
+
+    python benchmarks/bench_backends.py --model DIR [--rounds 5] [--seconds 2] [--out report.md]
+
+One run, rounds interleaved (every configuration once per case and round; medians with min–max),
+the cases of issue 24: image b1 and b8, text b1 at 16 and 52 tokens, text b16 at 16 tokens.
+Configurations (the same graphs and weights, one stream on all cores):
+- **shipped**: what runs without a tuning file — ONNX Runtime, its default precision (int8 on CPU when
+  the model has it), one shared weight copy (prepacking off);
+- **ORT prepacked**: the same graphs with their own prepacked copy; **ORT fp32 shared**;
+- **OpenVINO int8** (the model's `int8-qdq` graphs, NNCF), **OpenVINO bf16** (where the CPU computes
+  bf16), **OpenVINO fp32** (pinned) and **OpenVINO default** (no precision hint: what OpenVINO picks
+  by itself, bf16 on AMX/AVX512_BF16 CPUs);
+- **PyTorch**: the best of `benchmarks/torch_baselines.py`'s four options (when the model has a torch twin).
+GEMM peaks (GOP/s, all cores): ONNX Runtime int8/fp32 (`benchmarks/peak.py`), and through OpenVINO
+fp32, bf16 and int8 (an NNCF-quantized GEMM) on the same shapes. Ratios are against *shipped*.
+`--rounds 1 --seconds 0.05 --no-torch --no-peak` is a smoke test (tests/test_bench_backends.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import os
+import statistics
+import sys
+from collections.abc import Callable
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from benchmarks.peak import LAYER_SHAPES, cpu_flags, graph_macs, matmul_graph, measure_peaks, peak_table  # noqa: E402
+from retrieval.backends import BACKENDS, DEFAULT_BACKEND, backend_named  # noqa: E402
+from retrieval.gate import Candidate  # noqa: E402
+from retrieval.manifest import ModelManifest  # noqa: E402
+from retrieval.sessions import dummy_batch  # noqa: E402
+from retrieval.tune import Config, open_config, time_calls  # noqa: E402
+
+CASES = (("image", 1, None), ("image", 8, None), ("text", 1, 16), ("text", 1, 52), ("text", 16, 16))
+Runner = Callable[[np.ndarray], object]
+
+
+def case_label(tower: str, bucket: int, length: int | None) -> str:
+    return f"{tower} b{bucket}" + (f", {length} tokens" if length else "")
+
+
+def configurations(manifest: ModelManifest) -> list[tuple[str, Candidate, str]]:
+    """(label, candidate, weights mode) of every configuration this machine and model can run."""
+    ort = DEFAULT_BACKEND
+    shipped = next(iter(ort.precisions("cpu", manifest.towers["text"].precisions())))
+    out = [
+        ("shipped", Candidate(ort, "cpu", shipped, shipped), "shared"),
+        (f"ORT {shipped} prepacked", Candidate(ort, "cpu", shipped, shipped), "prepacked"),
+    ]
+    if shipped != "fp32":
+        out.append(("ORT fp32 shared", Candidate(ort, "cpu", "fp32", "fp32"), "shared"))
+    ov = backend_named("openvino")
+    if ov.detect().found:
+        offered = ov.precisions("CPU", manifest.towers["text"].precisions())
+        for precision in ("int8", "bf16", "fp32"):
+            if precision in offered:
+                out.append((f"OpenVINO {precision}", Candidate(ov, "CPU", precision, offered[precision]), "own"))
+        out.append(("OpenVINO default", Candidate(ov, "CPU", "default", "fp32"), "own"))
+    return out
+
+
+def open_runner(
+    manifest: ModelManifest, case: tuple[str, int, int | None], label: str, candidate: Candidate, mode: str
+) -> Runner | None:
+    tower, bucket, length = case
+    full = length if length and length < manifest.context_length else None
+    try:
+        manifest.graph_path(tower, candidate.graph, bucket, full)
+    except (KeyError, Exception):  # this model has no graph of that shape or variant
+        return None
+    if candidate.precision == "default":  # OpenVINO with no precision hint of ours
+        return _openvino_default(manifest, tower, candidate.graph, bucket, full)
+    sessions = open_config(manifest, tower, Config(candidate, mode), [(bucket, full)], sorted(os.sched_getaffinity(0)))
+    return sessions[bucket, full].run
+
+
+def _openvino_default(manifest: ModelManifest, tower: str, graph: str, bucket: int, length: int | None) -> Runner:
+    from retrieval.backends.openvino import _core
+
+    compiled = _core().compile_model(
+        str(manifest.graph_path(tower, graph, bucket, length)), "CPU", {"PERFORMANCE_HINT": "LATENCY"}
+    )
+    request = compiled.create_infer_request()
+    print(
+        f"OpenVINO default for {tower}: {compiled.get_property('INFERENCE_PRECISION_HINT').get_type_name()}",
+        file=sys.stderr,
+    )
+    return lambda batch: request.infer({0: batch})
+
+
+def torch_runner(manifest: ModelManifest, tower: str) -> tuple[str, Runner] | None:
+    """The fastest of the four PyTorch options is chosen per case after timing them all."""
+    try:
+        from benchmarks.torch_baselines import model_config, random_model, torch_baselines
+    except ImportError:
+        return None
+    config = model_config(manifest)
+    if config is None:
+        return None
+    model = random_model(config)
+    return [(b.label, b.run) for b in torch_baselines(model, tower, len(os.sched_getaffinity(0)))]  # type: ignore[return-value]
+
+
+def openvino_peaks(seconds: float) -> list[str]:
+    """GOP/s of the peak GEMMs through OpenVINO fp32, bf16 (where native) and int8 (NNCF)."""
+    ov = backend_named("openvino")
+    if not ov.detect().found:
+        return ["OpenVINO: not installed"]
+    from retrieval.backends.openvino import _core, capabilities
+
+    lines = []
+    for m, k, n in LAYER_SHAPES:
+        fp32 = matmul_graph(m, k, n)
+        graphs = {"fp32": (fp32, "f32")}
+        if "BF16" in capabilities("CPU"):
+            graphs["bf16"] = (fp32, "bf16")
+        try:
+            from retrieval.toolchain.convert.openvino_int8 import to_int8_qdq
+
+            x = np.random.default_rng(0).standard_normal((4 * m, k), dtype=np.float32)
+            graphs["int8"] = (to_int8_qdq(fp32, x, []), "f32")
+        except ImportError:
+            pass
+        x = np.random.default_rng(1).standard_normal((m, k), dtype=np.float32)
+        for precision, (graph, hint) in graphs.items():
+            compiled = _core().compile_model(
+                _core().read_model(graph.SerializeToString(), b""), "CPU", {"INFERENCE_PRECISION_HINT": hint}
+            )
+            request = compiled.create_infer_request()
+            ms = time_calls(partial(request.infer, {0: x}), seconds)
+            lines.append(
+                f"| OpenVINO {precision} | [{m}×{k}]·[{k}×{n}] | {2 * graph_macs(fp32) / (ms / 1000) / 1e9:,.0f} |"
+            )
+    return ["| GEMM through | shape | GOP/s |", "| --- | --- | --- |", *lines]
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=2.0, help="seconds per configuration, case and round")
+    parser.add_argument("--no-torch", action="store_true")
+    parser.add_argument("--no-peak", action="store_true")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    manifest = ModelManifest.load(args.model)
+    load_before = os.getloadavg()[0]
+    runners: dict[tuple[str, str], Runner] = {}
+    configs = configurations(manifest)
+    for case in CASES:
+        for label, candidate, mode in configs:
+            runner = open_runner(manifest, case, label, candidate, mode)
+            if runner is not None:
+                runners[case_label(*case), label] = runner
+        if not args.no_torch and (options := torch_runner(manifest, case[0])):
+            for label, run in options:
+                runners[case_label(*case), f"PyTorch: {label}"] = run
+    samples: dict[tuple[str, str], list[float]] = {}
+    for round_ in range(args.rounds):
+        for case in CASES:
+            batch = dummy_batch(case[0], case[1], manifest.image_size, case[2] or manifest.context_length)
+            for (name, label), run in runners.items():
+                if name == case_label(*case):
+                    samples.setdefault((name, label), []).append(time_calls(partial(run, batch), args.seconds))
+        print(f"round {round_ + 1}/{args.rounds} done", file=sys.stderr, flush=True)
+    report = _report(args, manifest, samples, load_before)
+    print(report)
+    if args.out:
+        args.out.write_text(report, encoding="utf-8")
+    return report
+
+
+def _report(
+    args: argparse.Namespace, manifest: ModelManifest, samples: dict[tuple[str, str], list[float]], load_before: float
+) -> str:
+    labels = list(dict.fromkeys(label for _, label in samples if not label.startswith("PyTorch")))
+    lines = [
+        f"- date: {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC; {len(os.sched_getaffinity(0))} cores; CPU {cpu_flags()}",
+        f"- load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after; model {manifest.name} ({manifest.arch});"
+        f" engines {', '.join(f'{b.name} {b.version()}' for b in BACKENDS if b.version())}",
+        f"- {args.rounds} interleaved rounds × {args.seconds:g} s; ms per run, median (min–max), × shipped",
+        "",
+        "| case | " + " | ".join(labels) + " | best PyTorch |",
+        "| --- |" + " --- |" * (len(labels) + 1),
+    ]
+    for case in CASES:
+        name = case_label(*case)
+        shipped = samples.get((name, "shipped"))
+        cells = []
+        for label in [*labels, None]:
+            if label is None:
+                torch = {lb: v for (n, lb), v in samples.items() if n == name and lb.startswith("PyTorch")}
+                label = min(torch, key=lambda lb: statistics.median(torch[lb])) if torch else None
+            values = samples.get((name, label)) if label else None
+            if not values:
+                cells.append("–")
+                continue
+            med = statistics.median(values)
+            ratio = f", {statistics.median(shipped) / med:.2f}×" if shipped else ""
+            cells.append(f"{med:.2f} ({min(values):.2f}–{max(values):.2f}){ratio}")
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    if not args.no_peak:
+        lines += [
+            "",
+            *peak_table(measure_peaks(repeats=args.rounds, min_seconds=args.seconds / 4)),
+            "",
+            *openvino_peaks(args.seconds / 4),
+        ]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

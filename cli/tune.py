@@ -1,0 +1,63 @@
+"""`cnclip tune`: measure this machine and write the tuning file the encoder uses (retrieval/tune.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from cli.bench import ints
+from cli.errors import fail
+
+
+def tune(
+    model: Annotated[Path, typer.Option("--model", help="Model directory with manifest.json.")],
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Where to write the tuning file (default MODEL/tuning.json); see CNCLIP_TUNING_FILE."),
+    ] = None,
+    rounds: Annotated[int, typer.Option(min=1, max=100, help="Interleaved rounds; medians over them.")] = 3,
+    seconds: Annotated[float, typer.Option(min=0.0, help="Seconds per configuration, shape and round.")] = 0.5,
+    time_limit: Annotated[
+        float, typer.Option(min=1.0, help="Seconds for all measurements; fewer rounds or shorter cases past it.")
+    ] = 900.0,
+    backend: Annotated[str, typer.Option(help="Comma-separated backends to try (default: every usable one).")] = "",
+    objective: Annotated[str, typer.Option(help="latency (one stream) or throughput (measures streams).")] = "latency",
+    memory_budget_mb: Annotated[int, typer.Option(min=0, help="Bound for the weight copies, MB (0: none).")] = 0,
+    buckets: Annotated[str, typer.Option(help="Comma-separated batch buckets (default: all the model has).")] = "",
+) -> None:
+    """Measure every usable backend × precision (that passes the quality gate) × prepacked/shared weights
+    per tower and bucket on this machine; print the table; write the choice with the machine's fingerprint."""
+    from rich.console import Console
+    from rich.progress import Progress
+
+    from retrieval.errors import CnclipError
+    from retrieval.tune import TuneOptions
+    from retrieval.tune_report import tune_and_write
+
+    options = TuneOptions(
+        rounds=rounds,
+        seconds=seconds,
+        time_limit=time_limit,
+        backends=[b.strip() for b in backend.split(",") if b.strip()],
+        objective=objective,
+        memory_budget_mb=memory_budget_mb,
+        buckets=ints(buckets) if buckets else (),
+    )
+    with Progress(console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("tuning", total=1)
+
+        def progress(what: str, done: int, total: int) -> None:
+            bar.update(task, description=what[:70], completed=done, total=max(total, 1))
+
+        try:
+            tune_and_write(model, out, options, progress, typer.echo)
+        except CnclipError as exc:
+            bar.stop()
+            raise fail(exc) from exc
+
+
+def register(app: typer.Typer) -> None:
+    """`cnclip tune`."""
+    app.command("tune")(tune)
