@@ -25,6 +25,8 @@ from api.blocking import run_blocking
 from api.body_budget import INLINE_PARSE_BYTES, BodyBudget, read_within
 from api.deps import require_read_key, require_write_key
 from api.schemas import StrictModel
+from retrieval.errors import InvalidInput
+from retrieval.json_text import JSONTooDeep, loads
 
 _KEY_CHECKS = (require_write_key, require_read_key)
 DEFAULT_BUDGET = BodyBudget(StrictModel.max_body_bytes, StrictModel.max_json_values)
@@ -44,7 +46,10 @@ _UNPARSED = object()
 
 def _parse_json(body: bytes) -> Any:
     try:
-        return json.loads(body)
+        return loads(body)
+    except JSONTooDeep as exc:
+        # FastAPI's own parse would hit the same recursion limit, as an unhandled RecursionError.
+        raise InvalidInput("the JSON body is nested too deeply") from exc
     except (json.JSONDecodeError, UnicodeDecodeError):
         return _UNPARSED  # FastAPI parses it again and answers in its own words
 

@@ -57,6 +57,7 @@ from api.kserve_tensors import (
     wants_binary_output,
 )
 from retrieval.errors import CnclipError, InvalidInput, NotFound, PayloadTooLarge
+from retrieval.json_text import loads
 
 EXTENSIONS = ["binary_tensor_data", "model_configuration", "model_repository", "statistics", "parameters"]
 
@@ -266,7 +267,7 @@ async def repository_index(request: Request) -> Response:
     try:
         await require_read_key(request)
         body = await read_body(request, body_budget(None, None))
-        options = json.loads(body) if body.strip() else {}  # at most 64 KiB: quick enough for the loop
+        options = loads(body) if body.strip() else {}  # at most 64 KiB: quick enough for the loop
         if not isinstance(options, dict):
             raise BadRequest("the repository index request must be a JSON object")
     except json.JSONDecodeError:

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from retrieval.errors import InvalidInput, NotFound
+from retrieval.json_text import loads
 
 MAX_LABEL_SETS = 500
 
@@ -32,7 +33,7 @@ class LabelSetStore:
         except FileNotFoundError:
             return {}
         try:
-            data = json.loads(text)
+            data = loads(text)
         except json.JSONDecodeError as exc:
             raise InvalidInput(f"label set file {self.path} is not valid JSON; fix or remove it") from exc
         return data if isinstance(data, dict) else {}

@@ -9,6 +9,7 @@ from fastapi import UploadFile
 
 from api.config import Settings
 from retrieval.errors import InvalidImage, InvalidInput, PayloadTooLarge
+from retrieval.json_text import loads
 from retrieval.preprocess import ImageHeader, read_header
 
 _CHUNK = 1 << 16
@@ -43,7 +44,7 @@ def parse_string_list(raw: str | None, field: str, max_items: int, max_chars: in
     raw = raw.strip()
     if raw.startswith("["):
         try:
-            value = json.loads(raw)
+            value = loads(raw)
         except json.JSONDecodeError as exc:
             raise InvalidInput(f"{field} is not valid JSON: {exc.msg}") from exc
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):

@@ -17,6 +17,7 @@ from pathlib import Path
 from pymilvus import MilvusClient, MilvusException
 
 from indexer.errors import VectorStoreBusy, VectorStoreUnavailable
+from retrieval.json_text import loads
 
 # pymilvus runs one Lite server per file per process and keeps it until exit; engines of one
 # process (a test's two catalogs, say) share it, so the last one to close stops it and frees the file.
@@ -102,7 +103,7 @@ def _lite_locked(path: Path) -> bool:
 
 def _busy_message(path: Path) -> str:
     try:
-        owner = json.loads(_owner_path(path).read_text())
+        owner = loads(_owner_path(path).read_text())
         who = f"process {int(owner['pid'])} ({str(owner['command'])[:200]!r}, since {owner['since']})"
     except (OSError, ValueError, KeyError, TypeError):
         who = "another process (it left no owner file)"

@@ -13,6 +13,7 @@ from typing import Any
 from indexer.file_names import check_file_name
 from indexer.safe_open import inside
 from retrieval.errors import InvalidInput
+from retrieval.json_text import loads
 
 MANIFEST_SUFFIXES = {".jsonl", ".csv"}
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
@@ -118,7 +119,7 @@ def read_manifest(manifest: Path) -> tuple[list[SourceEntry], list[tuple[str, st
             for number, line in enumerate(f, start=1):
                 if line.strip():
                     try:
-                        rows.append((number, json.loads(line)))
+                        rows.append((number, loads(line)))
                     except json.JSONDecodeError as exc:
                         problems.append((f"{manifest}:{number}", f"not JSON: {exc.msg}"))
     for number, row in rows:

@@ -12,6 +12,7 @@ from indexer.service import CollectionService
 from indexer.sql_values import text_sha
 from indexer.types import NewText
 from retrieval.errors import InvalidInput
+from retrieval.json_text import loads
 
 
 def read_texts(path: Path) -> list[NewText]:
@@ -29,7 +30,7 @@ def read_texts(path: Path) -> list[NewText]:
             texts.append(NewText(line.strip()))
             continue
         try:
-            row = json.loads(line)
+            row = loads(line)
         except json.JSONDecodeError as exc:
             raise InvalidInput(f"{path}:{number}: not JSON ({exc.msg})") from exc
         text = row.get("text") if isinstance(row, dict) else None

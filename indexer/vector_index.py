@@ -30,6 +30,7 @@ import numpy as np
 from indexer.disk_full import write_atomically
 from indexer.index_spec import FLAT, IndexSpec, InvalidIndexDescription, parse_index
 from indexer.vector_store import FetchVectors, SearchTuning
+from retrieval.json_text import loads
 
 log = logging.getLogger(__name__)
 
@@ -285,18 +286,23 @@ class VectorIndex:
         (crc,) = struct.unpack("<I", raw[-4:])
         if zlib.crc32(body, zlib.crc32(header)) != crc:
             raise IndexFileError("checksum mismatch")
-        meta = json.loads(header)
-        if (meta["dim"], meta["factory"], meta["model"]) != (dim, factory, model):
+        try:
+            meta = loads(header)
+            made_for = (meta["dim"], meta["factory"], meta["model"])
+            active, tombstones = str(meta["active"]), {int(t) for t in meta["tombstones"]}
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise IndexFileError("unreadable header") from exc
+        if made_for != (dim, factory, model):
             raise IndexFileError("made for another dim, factory or model")
         if owner is not None and meta.get("owner") != owner:
             raise IndexFileError(f"made for another collection or catalog (owner {meta.get('owner')!r}, not {owner!r})")
         loaded = cls(dim, factory, model, tuning, meta.get("owner") or "")
-        if meta["active"] != "Flat" and loaded.parsed is None:
+        if active != "Flat" and loaded.parsed is None:
             # Trained by an older version from a description this one does not parse: rebuild as Flat.
             raise IndexFileError(f"trained as {factory!r}, an index this version does not build")
         loaded.index = faiss.deserialize_index(np.frombuffer(body, dtype=np.uint8))  # type: ignore[assignment]
-        loaded.active = meta["active"]
-        loaded.tombstones = set(meta["tombstones"])
+        loaded.active = active
+        loaded.tombstones = tombstones
         return loaded
 
 

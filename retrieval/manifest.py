@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from retrieval.errors import ModelError
+from retrieval.json_text import loads
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 2
@@ -188,7 +189,7 @@ class ModelManifest:
         if not path.is_file():
             raise ModelError(f"no {MANIFEST_NAME} in model directory {directory}")
         try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
+            raw = loads(path.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ModelError(f"{path} is not valid JSON: {exc}") from exc
         manifest = _parse(raw, path)

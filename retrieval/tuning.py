@@ -29,6 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from retrieval.backends.base import RUN_PRECISIONS
 from retrieval.errors import InvalidInput
+from retrieval.json_text import loads
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +196,7 @@ def read_tuning(path: Path, model_id: str, model_dir: Path, current: dict[str, A
     try:
         if len(raw) > MAX_BYTES:
             raise ValueError(f"larger than {MAX_BYTES >> 20} MiB")
-        tuning = TuningFile.model_validate(json.loads(raw.decode("utf-8")))
+        tuning = TuningFile.model_validate(loads(raw.decode("utf-8")))
         if set(tuning.towers) != {"image", "text"}:
             raise ValueError("it must choose for both towers, image and text")
         for choice in tuning.towers.values():

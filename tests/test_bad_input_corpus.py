@@ -23,6 +23,8 @@ KEY = "corpus-key"
 AUTH = {"X-API-Key": KEY}
 PNG = image_bytes((120, 30, 30))
 BRACE_TEMPLATES = ["{{}}{:>10000000}", "{}{x}", "{}{", "{0}{}", "{}{.__class__}", "{}{!z}", "}{}", "{} {}", "没有占位"]
+DEEP = b"[" * 1500 + b"]" * 1500
+JSON = {"content-type": "application/json"}
 BAD_IDS = ["0", "-1", str(2**63), str(2**64), "9" * 40, "1e3", "abc", "%00", "1.5"]
 
 
@@ -87,6 +89,38 @@ def _cases() -> list[tuple[str, str, str, dict[str, Any]]]:
             "post",
             "/v1/search/text",
             {"content": b"[" * 100_000 + b"]" * 100_000, "headers": {"content-type": "application/json"}},
+        ),
+        (  # within the JSON value budget, deeper than Python's parser follows
+            "search nested 1500 deep",
+            "post",
+            "/v1/search/text",
+            {"content": b'{"query": ' + DEEP + b"}", "headers": {"content-type": "application/json"}},
+        ),
+        ("search body nested 1500 deep", "post", "/v1/search/text", {"content": DEEP, "headers": JSON}),
+        (
+            "label set nested 1500 deep",
+            "put",
+            "/v1/label-sets/x",
+            {"content": b'{"labels": ' + DEEP + b"}", "headers": {**AUTH, **JSON}},
+        ),
+        (
+            "classify labels nested 1500 deep",
+            "post",
+            "/v1/classify",
+            {"files": {"file": ("x.png", PNG, "image/png")}, "data": {"labels": DEEP.decode()}},
+        ),
+        (
+            "classify templates nested 1500 deep",
+            "post",
+            "/v1/classify",
+            {"files": {"file": ("x.png", PNG, "image/png")}, "data": {"labels": "猫,狗", "templates": DEEP.decode()}},
+        ),
+        ("v2 repository index nested", "post", "/v2/repository/index", {"content": b"[" * 900 + b"]" * 900}),
+        (
+            "v2 infer nested 1500 deep",
+            "post",
+            "/v2/models/cnclip_text/infer",
+            {"content": b'{"inputs": ' + DEEP + b"}", "headers": JSON},
         ),
         (
             "search null byte in collection",

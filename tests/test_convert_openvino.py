@@ -13,7 +13,7 @@ import onnx
 import pytest
 from typer.testing import CliRunner
 
-from api.cli import build_cli
+from cli.main import build_cli
 from api.config import Settings
 from retrieval import gate
 from retrieval.encoder import LocalEncoder

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from api.cli import build_cli
+from cli.main import build_cli
 from api.config import Settings
 from retrieval.backends.openvino import OpenVinoSession
 from retrieval.encoder import LocalEncoder
@@ -148,6 +148,7 @@ def test_serve_logs_that_it_uses_the_tuning_file(tuned_model: tuple[Path, Any], 
         (b"\x00\xff not json", "refused"),
         (b"{}", "refused (format: Field required)"),
         (b"[1, 2]", "refused"),
+        (b"[" * 5000 + b"]" * 5000, "refused (nested too deeply"),  # past Python's parser: not a RecursionError
         (None, "refused (towers.text.backend"),  # a hostile backend name
         (b" " * (MAX_BYTES + 1), "refused (larger than 4 MiB)"),
     ],

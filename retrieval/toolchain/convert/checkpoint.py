@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from retrieval.errors import InvalidInput, ModelError
+from retrieval.json_text import loads
 from retrieval.toolchain.convert.model import CLIP
 
 StateDict = dict[str, torch.Tensor]
@@ -113,7 +114,7 @@ def model_from_options(
     embedded, state = load_checkpoint(checkpoint) if checkpoint else (None, None)
     if config_path:
         try:
-            config = json.loads(config_path.read_text(encoding="utf-8"))
+            config = loads(config_path.read_text(encoding="utf-8"))
         except (OSError, json.JSONDecodeError) as exc:
             raise InvalidInput(f"cannot read --config {config_path}: {exc}") from exc
         arch_name = config_path.stem
