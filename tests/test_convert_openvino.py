@@ -13,8 +13,8 @@ import onnx
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import build_cli
 from api.config import Settings
+from cli.main import build_cli
 from retrieval import gate
 from retrieval.encoder import LocalEncoder
 from retrieval.manifest import ModelManifest

@@ -29,7 +29,7 @@ def test_loads_turns_the_recursion_limit_into_a_decode_error() -> None:
     with pytest.raises(json.JSONDecodeError, match="nested too deeply"):
         loads(DEEP)
     assert isinstance(JSONTooDeep("x", "", 0), ValueError)
-    assert loads("[[1], {\"a\": [2]}]") == [[1], {"a": [2]}]
+    assert loads('[[1], {"a": [2]}]') == [[1], {"a": [2]}]
 
 
 @pytest.mark.parametrize("command", ["index", "index-texts"])

@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from cli.main import build_cli
 from api.config import Settings
+from cli.main import build_cli
 from retrieval.backends.openvino import OpenVinoSession
 from retrieval.encoder import LocalEncoder
 from retrieval.errors import InvalidInput, ModelError
