@@ -130,3 +130,26 @@ def test_gate_thresholds() -> None:
 def test_manifest_loads_with_a_gate_record(tmp_path: Path) -> None:
     model = _with_gate_record(tmp_path / "m", [{"backend": "x", "precision": "int8", "tower": "image", "passed": True}])
     assert ModelManifest.load(model).extra["gate"]["results"][0]["passed"] is True
+
+
+def test_top10_agreement_forgives_swaps_of_near_ties_and_only_those() -> None:
+    """One query, a 12-item gallery scored 0.30, 0.29, …: the candidate swaps the 10th with the 11th.
+    A 0.0005 apart swap is a tie (agreement 1.0 although the strict overlap is 0.9); 0.01 apart is not."""
+    from retrieval.gate import topk_agreement, topk_overlap
+
+    query = np.array([[1.0, 0.0]], dtype=np.float32)
+
+    def gallery(scores: list[float]) -> np.ndarray:
+        return np.array([[s, np.sqrt(1 - s * s)] for s in scores], dtype=np.float32)
+
+    for gap, agrees in ((0.0005, True), (0.01, False)):
+        ref_scores = [0.30 - 0.02 * i for i in range(9)] + [0.10, 0.10 - gap, 0.0]
+        swapped = ref_scores[:9] + [ref_scores[10], ref_scores[9], 0.0]  # the candidate ranks the 11th above the 10th
+        ref, cand = gallery(ref_scores), gallery(swapped)
+        assert topk_overlap(query, ref, query, cand) == pytest.approx(0.9)
+        assert topk_agreement(query, ref, query, cand) == pytest.approx(1.0 if agrees else 0.9)
+    same = gallery([0.3 - 0.02 * i for i in range(12)])
+    assert topk_agreement(query, same, query, same) == 1.0
+    low = judge("b", "int8", "image", [1.0], [0.90], [0.99])
+    assert low.passed and "strict overlap 90.0%" in low.line()
+    assert not judge("b", "int8", "image", [1.0], [1.0], [0.97]).passed
