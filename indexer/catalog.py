@@ -208,6 +208,7 @@ class SqlCatalog:
             fields.update(
                 taken_at=naive_utc(image.taken_at) if image.taken_at else None, taken_source=image.taken_source
             )
+            fields.update(phash=image.phash)
             rows.append({**fields, "tags": list(image.tags), "extra": dict(image.extra), "data": image.data})
         return self._add(collection, "images", rows, vectors, model, replace)
 

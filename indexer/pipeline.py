@@ -26,7 +26,8 @@ from typing import Literal
 
 import numpy as np
 
-from indexer.reading import PreparedFile, read_file, read_taken
+from indexer.duplicate_rows import FileCopy
+from indexer.reading import PreparedFile, read_file, read_phash, read_taken
 from indexer.service import CollectionService
 from indexer.sources import SourceEntry, load_entries
 from indexer.types import FileState, NewImage, TakenSource
@@ -54,6 +55,7 @@ class IndexSummary:
     would_prune: int = 0
     dated: int = 0  # unchanged files indexed before taken_at existed, dated now (nothing embedded)
     would_date: int = 0  # --dry-run: such files
+    hashed: int = 0  # unchanged files indexed before perceptual hashes existed, hashed now (nothing embedded)
     failures: list[tuple[str, str]] = field(default_factory=list)
     interrupted: bool = False
     seconds: float = 0.0
@@ -107,6 +109,8 @@ class ImageIndexer:
         self.index_factory = index_factory
         self.restore_deleted = restore_deleted
         self.undated: list[SourceEntry] = []  # unchanged files whose rows have no taken_at (from _plan)
+        self.unhashed: list[SourceEntry] = []  # unchanged files whose rows have no perceptual hash
+        self.copies: list[FileCopy] = []  # files with the bytes of an item at another path (recorded at the end)
 
     async def run(
         self,
@@ -142,7 +146,11 @@ class ImageIndexer:
         report(summary)
         if self.undated and not stop.is_set():
             summary.dated = await asyncio.to_thread(self._date_unchanged, self.catalog.file_states(self.collection))
+        if self.unhashed and not stop.is_set():
+            summary.hashed = await asyncio.to_thread(self._hash_unchanged, self.catalog.file_states(self.collection))
         await self._index(todo, summary, stop, report)
+        if self.copies:
+            await asyncio.to_thread(self.service.record_copies, self.collection, self.copies)
         if prune and not stop.is_set():
             summary.pruned = await asyncio.to_thread(self._prune)
         await asyncio.to_thread(self.catalog.flush, [self.collection])
@@ -173,6 +181,8 @@ class ImageIndexer:
                 summary.unchanged += 1
                 if not state.has_taken:
                     self.undated.append(entry)
+                if not state.has_phash:
+                    self.unhashed.append(entry)
             else:
                 todo.append((entry, state))
         return todo
@@ -190,7 +200,22 @@ class ImageIndexer:
             self.service.set_taken(self.collection, dated[start : start + chunk])
         return len(dated)
 
+    def _hash_unchanged(self, states: dict[str, FileState], chunk: int = 500) -> int:
+        """The hash backfill: like `_date_unchanged`, for rows indexed before perceptual hashes existed."""
+        with ThreadPoolExecutor(self.read_threads, thread_name_prefix="cnclip-phash") as pool:
+            hashed = [
+                (states[str(entry.path)].id, phash)
+                for entry, phash in zip(self.unhashed, pool.map(read_phash, self.unhashed), strict=True)
+                if phash is not None and str(entry.path) in states
+            ]
+        for start in range(0, len(hashed), chunk):
+            self.service.set_phashes(self.collection, hashed[start : start + chunk])
+        return len(hashed)
+
     def _prune(self) -> int:
+        copies = self.service.prune_copies(self.collection)
+        if copies:
+            log.info("%s: forgot %d copies whose files are gone", self.collection, copies)
         gone = [s.id for path, s in self.catalog.file_states(self.collection).items() if not os.path.exists(path)]
         return self.catalog.delete(gone, reason="pruned") if gone else 0
 
@@ -201,16 +226,17 @@ class ImageIndexer:
         summary: IndexSummary,
         stop: asyncio.Event,
         decode: Callable[[bytes], object] | None = None,
+        needs_hash: Callable[[str], bool] | None = None,
     ) -> AsyncIterator[PreparedFile]:
-        """Files read and probed (and with `decode`, decoded) by the reader threads, in order, a
-        bounded window ahead."""
+        """Files read and probed (and with `decode`, decoded; with `needs_hash`, perceptually hashed)
+        by the reader threads, in order, a bounded window ahead."""
         window = max(self.batch_size * 2, self.read_threads * 4)
         with ThreadPoolExecutor(self.read_threads, thread_name_prefix="cnclip-read") as pool:
             pending: deque[Future[PreparedFile | tuple[str, str] | None]] = deque()
             position = 0
             while position < len(todo) or pending:
                 while position < len(todo) and len(pending) < window and not stop.is_set():
-                    pending.append(pool.submit(read_file, *todo[position], decode))
+                    pending.append(pool.submit(read_file, *todo[position], decode, needs_hash))
                     position += 1
                 if not pending:
                     break
@@ -262,7 +288,8 @@ class ImageIndexer:
             batch: list[PreparedFile] = []
             pending_shas: set[str] = set()
             try:
-                async for prepared in self._read(todo, summary, stop):
+                # Bytes the collection has already are never embedded: no perceptual hash for them.
+                async for prepared in self._read(todo, summary, stop, needs_hash=lambda sha: sha not in contents):
                     action = self._route(prepared, contents, deleted, pending_shas, summary)
                     if action == "embed":
                         batch.append(prepared)
@@ -365,6 +392,7 @@ class ImageIndexer:
         path = str(prepared.entry.path)
         if known is None:  # same bytes as a file earlier in this run: it is being embedded now
             summary.duplicates += 1
+            self._copy(prepared)
             return [], [], [prepared.replaces] if prepared.replaces is not None else []
         item_id, known_path = known
         if known_path == path:
@@ -374,9 +402,15 @@ class ImageIndexer:
             contents[prepared.sha256] = (item_id, path)
         else:
             summary.duplicates += 1
+            self._copy(prepared)
             return [], [], [prepared.replaces] if prepared.replaces is not None else []
         # Its date as read now: an mtime date follows the file's mtime, and a row from before 0003 gets one.
         return [(item_id, path, prepared.size, prepared.mtime)], [(item_id, *prepared.taken)], []
+
+    def _copy(self, prepared: PreparedFile) -> None:
+        """Remember a file with the bytes of another item (the identical tier of `cnclip duplicates`)."""
+        root = str(prepared.entry.root) if prepared.entry.root is not None else None
+        self.copies.append(FileCopy(prepared.sha256, str(prepared.entry.path), root, prepared.size, prepared.mtime))
 
     def _apply_move(self, payload: MovePayload) -> None:
         updates, dates, deletes = payload
@@ -405,6 +439,7 @@ class ImageIndexer:
                 sha256=p.sha256,
                 taken_at=p.taken[0],
                 taken_source=p.taken[1],
+                phash=p.phash,
             )
             for p in batch
         ]

@@ -20,6 +20,7 @@ from sqlalchemy import Engine, delete, exists, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from indexer.copy_rows import forget_copies_of, forget_copy_paths
 from indexer.media import media_file, media_lock, media_writes, store_media
 from indexer.models import CollectionRow, DeletedItemRow, ItemRow, ItemTagRow, VectorRow, utcnow
 from indexer.names import collection_key
@@ -30,7 +31,7 @@ from retrieval.errors import Conflict, NotFound
 
 # Every column a bulk insert names (a multi-row INSERT needs the same keys in every row).
 _EMPTY_ITEM: dict[str, Any] = dict.fromkeys(
-    ("path", "root", "size", "mime", "width", "height", "caption", "mtime", "taken_at", "taken_source")
+    ("path", "root", "size", "mime", "width", "height", "caption", "mtime", "taken_at", "taken_source", "phash")
 )
 
 
@@ -225,6 +226,7 @@ class ItemRows:
                 ]
                 if tags:
                     session.execute(insert(ItemTagRow), tags)
+                forget_copy_paths(session, collection.id, [v["path"] for v in new_values if v["path"] is not None])
             final = [AddResult(new_ids[-1 - r.id], r.created) if r.id < 0 else r for r in results]
             session.commit()
             return final, version
@@ -238,6 +240,7 @@ class ItemRows:
                     .where(ItemRow.id == item_id, ItemRow.collection_id == collection_id)
                     .values(path=path, size=size, mtime=mtime, updated_at=utcnow())
                 )
+            forget_copy_paths(session, collection_id, [path for _, path, _, _ in moves])
             session.commit()
 
     def delete(self, item_ids: Sequence[int], reason: str, remembered: bool) -> dict[int, int]:
@@ -304,6 +307,7 @@ class ItemRows:
                 ],
             )
             session.execute(delete(ItemRow).where(ItemRow.id.in_([r[0] for r in rows])))
+            forget_copies_of(session, collection_id, [sha for _, sha, _, _ in rows])
             uploads += [(sha, mime) for _, sha, path, mime in rows if path is None]
         return uploads
 
@@ -388,10 +392,13 @@ class ItemRows:
             ItemRow.mtime,
             ItemRow.taken_at.is_not(None),
             ItemRow.updated_at,
+            ItemRow.phash.is_not(None),
         ).where(ItemRow.collection_id == collection_id, ItemRow.path.is_not(None))
         with Session(self.engine) as session:
             return {
-                str(row[0]): FileState(*row[1:5], has_taken=bool(row[5]), recorded_at=_epoch(row[6]))
+                str(row[0]): FileState(
+                    *row[1:5], has_taken=bool(row[5]), recorded_at=_epoch(row[6]), has_phash=bool(row[7])
+                )
                 for row in session.execute(query)
             }
 

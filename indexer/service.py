@@ -21,9 +21,13 @@ from typing import Any
 
 import numpy as np
 
+from indexer import duplicate_rows
 from indexer.catalog import SqlCatalog
+from indexer.duplicate_pages import TierChoice
+from indexer.duplicates import DuplicateFinder, DuplicatesPage
 from indexer.names import check_collection_name
 from indexer.paging import PageRequest, rank
+from indexer.perceptual import phash_of_bytes
 from indexer.taken import sort_keys, taken_of
 from indexer.types import (
     AddResult,
@@ -83,6 +87,8 @@ class CollectionService:
         default_factory: str = "Flat",
         max_collections: int = 1000,
         default_ttl_s: float = 0.5,
+        duplicate_threshold: float | None = None,
+        duplicate_budget_s: float = 10.0,
     ) -> None:
         self.catalog = catalog
         self.model = model
@@ -90,6 +96,8 @@ class CollectionService:
         self.max_collections = max_collections
         self.default_ttl_s = default_ttl_s
         self._defaults: dict[str, tuple[float, str]] = {}  # kind -> (when looked up, name)
+        self.duplicate_budget_s = duplicate_budget_s
+        self.finder = DuplicateFinder(catalog, threshold=duplicate_threshold)
 
     # --- the rules ----------------------------------------------------------------------------
     def check_model(self, info: CollectionInfo) -> None:
@@ -238,11 +246,46 @@ class CollectionService:
         its EXIF date, else now)."""
         info = self.writable(name, "images")
         dated = [image if image.taken_at is not None else replace(image, **_taken_fields(image)) for image in images]
-        return self.catalog.add_images(info.name, dated, vectors, model=self.model.model_id, **kwargs)  # type: ignore[arg-type]
+        hashed = [image if image.phash is not None else replace(image, phash=_phash(image)) for image in dated]
+        return self.catalog.add_images(info.name, hashed, vectors, model=self.model.model_id, **kwargs)  # type: ignore[arg-type]
 
     def set_taken(self, name: str, updates: Sequence[tuple[int, datetime, TakenSource]]) -> None:
         """Date photos indexed before taken_at existed (`cnclip index` reads their files again)."""
         self.catalog.set_taken(self.writable(name, "images").name, updates)
+
+    def set_phashes(self, name: str, updates: Sequence[tuple[int, int]]) -> None:
+        """Perceptual hashes of photos indexed before they existed (`cnclip index` reads their files again)."""
+        state = self.catalog.state(self.writable(name, "images").name)
+        duplicate_rows.set_phashes(self.catalog.engine, state.id, updates)
+
+    def record_copies(self, name: str, copies: Sequence[duplicate_rows.FileCopy]) -> None:
+        """Files with the bytes of an item at another path (`cnclip index`; indexer/duplicate_rows.py)."""
+        state = self.catalog.state(self.writable(name, "images").name)
+        duplicate_rows.record_copies(self.catalog.engine, state.id, copies)
+
+    def prune_copies(self, name: str) -> int:
+        """Forget recorded copies whose files are gone (`cnclip index --prune`)."""
+        return duplicate_rows.prune_copies(self.catalog.engine, self.catalog.state(name).id)
+
+    def duplicates(
+        self,
+        name: str,
+        tier: TierChoice = "all",
+        offset: int = 0,
+        limit: int = 20,
+        *,
+        budget_s: float | None = -1.0,
+        threshold: float | None = None,
+    ) -> DuplicatesPage:
+        """One page of a collection's near-duplicate groups (indexer/duplicates.py). `budget_s`: how long
+        the similar-shots search may run in this call (the service's default when negative; None: until
+        done); past it the answer is partial (`complete` False) and the next call goes on from there.
+        Read-only: the groups come from stored vectors and hashes, whatever model this process runs."""
+        state = self.catalog.state(check_collection_name(name))
+        info = CollectionInfo(state.id, state.name, state.kind, state.model, state.dim, state.factory, 0, 0)
+        self.check_kind(info, "images", "finding duplicates")
+        budget = self.duplicate_budget_s if budget_s is not None and budget_s < 0 else budget_s
+        return self.finder.find(state, tier, offset, limit, budget_s=budget, threshold=threshold)
 
     def add_texts(self, name: str, texts: Sequence[NewText], vectors: np.ndarray) -> list[AddResult]:
         info = self.writable(name, "texts")
@@ -252,6 +295,10 @@ class CollectionService:
         """A user's deletion: remembered, so the next `cnclip index` of the folder does not bring
         the same bytes back (unless `--restore-deleted`)."""
         return self.catalog.delete(item_ids, reason="user")
+
+
+def _phash(image: NewImage) -> int | None:
+    return phash_of_bytes(image.data)
 
 
 def _taken_fields(image: NewImage) -> dict[str, Any]:
@@ -267,4 +314,6 @@ def collection_service(catalog: SqlCatalog, encoder: Encoder, settings: Any) -> 
         default_factory=settings.index_factory,
         max_collections=settings.max_collections,
         default_ttl_s=settings.sync_interval_s,
+        duplicate_threshold=settings.duplicate_threshold,
+        duplicate_budget_s=settings.duplicate_time_budget_s,
     )

@@ -73,6 +73,7 @@ class NewImage:
     sha256: str | None = None
     taken_at: datetime | None = None  # filled in from EXIF / mtime by the service when None
     taken_source: TakenSource | None = None
+    phash: int | None = None  # perceptual hash (indexer/perceptual.py); the service computes it when None
 
 
 @dataclass(frozen=True)
@@ -138,6 +139,7 @@ class FileState:
     # When the row last recorded the file (epoch seconds): a file whose inode changed after that
     # (st_ctime, which no user can set back) is read again even with its old size and mtime.
     recorded_at: float | None = None
+    has_phash: bool = True  # False: indexed before perceptual hashes existed (the next run hashes it)
 
 
 class Catalog(Protocol):
