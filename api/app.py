@@ -23,7 +23,7 @@ from api.metrics import RequestMetricsMiddleware, ServiceMetrics
 from api.openapi import install_openapi
 from api.readiness import DatabaseProbe
 from api.request_guard import RequestGuardMiddleware
-from api.routes import classify, collections, embed, health, items, label_sets, search
+from api.routes import classify, collections, duplicates, embed, health, items, label_sets, search
 from indexer.engines import open_catalog
 from indexer.media import media_root
 from indexer.service import collection_service
@@ -94,7 +94,7 @@ def create_app(settings: Settings, encoder: Encoder | None = None, catalog: Cata
     app.state.media_dir = media_root(settings.data_dir)
 
     install_error_handlers(app)
-    for module in (search, classify, embed, collections, items, label_sets, health):
+    for module in (search, classify, embed, collections, duplicates, items, label_sets, health):
         app.include_router(module.router)
     app.include_router(kserve.router)  # KServe v2 / Triton HTTP protocol (/v2), see api/kserve.py
 
