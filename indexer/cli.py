@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
+from indexer.duplicate_pages import MAX_LIMIT, MAX_OFFSET, MIN_THRESHOLD
 from indexer.paging import MAX_CANDIDATES, MAX_PAGE, SortOrder
 
 if TYPE_CHECKING:
@@ -35,6 +36,15 @@ class Sort(StrEnum):
     @property
     def order(self) -> SortOrder:
         return self.value  # type: ignore[return-value]
+
+
+class DuplicateTier(StrEnum):
+    """`cnclip duplicates --tier` (indexer/duplicate_pages.py TIER_CHOICES)."""
+
+    all = "all"
+    identical = "identical"
+    resized = "resized"
+    similar = "similar"
 
 
 EXIT_INTERRUPTED = 130
@@ -198,6 +208,30 @@ def register(app: typer.Typer) -> None:
         check_collection_name(collection)
         count = _reindex(_settings(), collection)
         typer.echo(f"{collection}: vector store rebuilt from SQL, {count} vectors")
+
+    @app.command("duplicates")
+    @_friendly_errors
+    def duplicates(
+        collection: Annotated[str, typer.Option("--collection", "-c", help="Image collection to look in.")],
+        tier: Annotated[
+            DuplicateTier, typer.Option(help="identical (same bytes), resized (same picture), similar (shots), or all.")
+        ] = DuplicateTier.all,
+        limit: Annotated[int, typer.Option(min=1, max=MAX_LIMIT, help="Groups per page.")] = 20,
+        offset: Annotated[int, typer.Option(min=0, max=MAX_OFFSET, help="Groups to skip.")] = 0,
+        threshold: Annotated[
+            float | None,
+            typer.Option(min=MIN_THRESHOLD, max=1.0, help="Cosine where similar shots start (default: the model's)."),
+        ] = None,
+        as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
+    ) -> None:
+        """Near-duplicate groups of an image collection in three tiers (identical bytes, the same picture
+        re-encoded or resized, similar shots), the suggested keeper first; nothing is deleted."""
+        from indexer.duplicates_cli import find_duplicates, page_json, page_lines
+        from indexer.names import check_collection_name
+
+        check_collection_name(collection)
+        page = find_duplicates(_settings(), collection, tier.value, limit, offset, threshold)  # type: ignore[arg-type]
+        typer.echo(page_json(page) if as_json else "\n".join(page_lines(page)))
 
     @app.command("search")
     @_friendly_errors
@@ -403,6 +437,7 @@ def _print_summary(summary: IndexSummary, dry_run: bool) -> None:
         # A rate only when something was embedded: "0.0 images/s" for a run with nothing to do reads as a stall.
         rate = f", {summary.embedded / summary.seconds:.1f} images/s" if summary.embedded and summary.seconds else ""
         dated = f"; dated {summary.dated}" if summary.dated else ""
+        dated += f"; hashed {summary.hashed}" if summary.hashed else ""
         typer.echo(
             f"indexed {summary.added} new, {summary.changed} changed, {summary.renamed} renamed; "
             f"skipped {summary.skipped} (unchanged {summary.unchanged}, duplicates {summary.duplicates}, "
