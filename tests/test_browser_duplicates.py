@@ -172,6 +172,7 @@ def test_a_partial_answer_offers_to_go_on(page: Page, width: int) -> None:
         body.update(complete=False, examined=5000, searchable=100000, unhashed=7)
         route.fulfill(response=response, json=body)
 
+    expect(page.locator(".dup-group")).to_have_count(10)  # the first answer is in: only the next is changed
     page.route("**/duplicates?*", partial)
     page.click("#dup-find")
     expect(page.locator(".dup-partial-text")).to_have_text(
