@@ -205,7 +205,7 @@ class DuplicateFinder:
         others = {i for group in resized for i in group[1:]}  # a resized group is searched through its keeper
         ids = np.array([i for i in self.catalog.rows.ids(state.id).tolist() if i not in others], dtype=np.int64)
         snapshot = _Snapshot(
-            state.vector_key, state.version, resized, ShotSearch(ids, self.catalog.rows.vectors, threshold)
+            state.vector_key, state.version, resized, ShotSearch(ids, self.catalog.rows.vectors, threshold, state.dim)
         )
         self._cache[key] = snapshot
         while len(self._cache) > CACHE_SIZE:

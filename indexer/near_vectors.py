@@ -12,8 +12,9 @@ vectors share a list or a neighbouring one; the recall is measured by benchmarks
 
 Bounded: the search goes in chunks of queries and stops at a deadline, keeping its place, so the
 next call goes on from there (the index is kept meanwhile, or rebuilt identically: same ids, same
-seeded training). Memory: the vectors (n·d float32) twice while the index lives, freed when the
-search is done; the pairs kept are capped at `MAX_PAIRS` by raising the threshold (reported).
+seeded training sample). Memory: the vectors once (n·d float32, inside the index: queries are read
+back from it), filled from SQL in chunks and freed when the search is done; the pairs kept are capped
+at `MAX_PAIRS` by raising the threshold (reported).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ NEIGHBOURS = 64  # nearest items each item asks for
 EXACT_UP_TO = 10_000  # items: Flat (exact) up to here, IVF above
 NPROBE = 8
 QUERY_CHUNK = 2048
-FETCH_CHUNK = 20_000
+FETCH_CHUNK = 5_000  # vectors read from SQL at a time
+TRAIN_PER_LIST = 40  # IVF training sample: this many vectors per list
 MAX_PAIRS = 500_000
 
 FetchVectors = Callable[[np.ndarray], np.ndarray]  # ids -> (len(ids), dim) float32 (unit), same order
@@ -41,13 +43,13 @@ FetchVectors = Callable[[np.ndarray], np.ndarray]  # ids -> (len(ids), dim) floa
 class ShotSearch:
     """The pairs search over `ids` (sorted), resumable across calls of `run`."""
 
-    def __init__(self, ids: np.ndarray, fetch: FetchVectors, threshold: float) -> None:
+    def __init__(self, ids: np.ndarray, fetch: FetchVectors, threshold: float, dim: int) -> None:
         self.ids = np.asarray(ids, dtype=np.int64)
         self.fetch = fetch
+        self.dim = dim
         self.threshold = threshold  # raised when the pairs would pass MAX_PAIRS
         self.cursor = 0  # queries done
         self.pairs: dict[tuple[int, int], float] = {}  # (id, id) with the smaller id first -> cosine
-        self._vectors: np.ndarray | None = None
         self._index: faiss.Index | None = None
 
     @property
@@ -59,8 +61,7 @@ class ShotSearch:
         return self._index is not None
 
     def release(self) -> None:
-        """Free the vectors and the index (rebuilt when `run` needs them again)."""
-        self._vectors = None
+        """Free the index and its vectors (rebuilt when `run` needs them again)."""
         self._index = None
 
     def run(self, deadline: float | None) -> None:
@@ -70,41 +71,48 @@ class ShotSearch:
             return
         if self._index is None:
             self._build()
-        assert self._vectors is not None and self._index is not None
+        assert self._index is not None
         first = True
         while not self.complete and (first or deadline is None or time.monotonic() < deadline):
             first = False
             stop = min(self.cursor + QUERY_CHUNK, len(self.ids))
-            scores, found = self._index.search(self._vectors[self.cursor : stop], min(NEIGHBOURS + 1, len(self.ids)))
+            queries = self._index.reconstruct_batch(np.arange(self.cursor, stop, dtype=np.int64))
+            scores, found = self._index.search(queries, min(NEIGHBOURS + 1, len(self.ids)))
             self._keep(np.arange(self.cursor, stop), scores, found)
             self.cursor = stop
         if self.complete:
             self.release()
 
+    def _vectors(self, ids: np.ndarray) -> np.ndarray:
+        """Stored vectors of `ids`; rows deleted meanwhile are zero (they pair with nothing)."""
+        vectors = np.ascontiguousarray(self.fetch(ids), dtype=np.float32)
+        if vectors.shape != (len(ids), self.dim):  # every one of them deleted: no dimension to read
+            return np.zeros((len(ids), self.dim), dtype=np.float32)
+        return vectors
+
     def _build(self) -> None:
+        """The index of every vector, in `ids` order (its positions are positions in `ids`)."""
         started = time.perf_counter()
         n = len(self.ids)
-        vectors = np.empty((n, 0), dtype=np.float32)
-        for start in range(0, n, FETCH_CHUNK):
-            part = np.ascontiguousarray(self.fetch(self.ids[start : start + FETCH_CHUNK]), dtype=np.float32)
-            if start == 0:
-                vectors = np.empty((n, part.shape[1]), dtype=np.float32)
-            vectors[start : start + len(part)] = part
-        dim = vectors.shape[1]
+        index: faiss.Index
         if n <= EXACT_UP_TO:
-            index: faiss.Index = faiss.IndexFlatIP(dim)
+            index = faiss.IndexFlatIP(self.dim)
         else:
             lists = int(2 * math.sqrt(n))
-            quantizer = faiss.IndexFlatIP(dim)
-            ivf = faiss.IndexIVFFlat(quantizer, dim, lists, faiss.METRIC_INNER_PRODUCT)
+            ivf = faiss.IndexIVFFlat(faiss.IndexFlatIP(self.dim), self.dim, lists, faiss.METRIC_INNER_PRODUCT)
             ivf.cp.niter = 10
-            ivf.cp.max_points_per_centroid = 40  # a sample of 40 per list trains well enough, fast
-            ivf.cp.seed = 1234  # the same index every time it is rebuilt
-            ivf.train(vectors)
+            ivf.cp.seed = 1234
+            # A fixed sample (the same index every time it is rebuilt), read on its own: the full set
+            # of vectors is never held outside the index.
+            sample = np.random.default_rng(1234).choice(n, min(n, lists * TRAIN_PER_LIST), replace=False)
+            ivf.train(self._vectors(self.ids[np.sort(sample)]))
             ivf.nprobe = NPROBE
             index = ivf
-        index.add(vectors)
-        self._vectors, self._index = vectors, index
+        for start in range(0, n, FETCH_CHUNK):
+            index.add(self._vectors(self.ids[start : start + FETCH_CHUNK]))
+        if isinstance(index, faiss.IndexIVF):
+            index.make_direct_map()  # queries are read back by position
+        self._index = index
         log.info(
             "duplicates: %s index of %d vectors built in %.1f s", type(index).__name__, n, time.perf_counter() - started
         )
