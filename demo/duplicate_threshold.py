@@ -11,6 +11,8 @@ CLIP cosine (the similar-shots tier of `cnclip duplicates`): for each scene of t
   crop) are reported, not counted either way.
 The threshold is the lowest cosine (0.01 steps) at which at most 5 % of the "another scene" pairs pass:
 people complain of "duplicates" that are different pictures far more than of a few missed bursts.
+Vectors come from the int8 graphs, what `cnclip serve` runs on a CPU (fp32 gives the same threshold:
+`--precision fp32`).
 
 Perceptual hash (the "re-encoded or resized" tier, indexer/perceptual.py): the Hamming distance between
 a picture and its edits (re-encoded as JPEG q40, WebP q60, PNG; resized to half, quarter, double), and
@@ -172,9 +174,9 @@ def hash_distances(pictures: list[Image.Image]) -> dict[str, object]:
     }
 
 
-def measure(scenes: int = 300, photos: int = 100) -> dict[str, object]:
+def measure(scenes: int = 300, photos: int = 100, precision: str = "int8") -> dict[str, object]:
     return {
-        "cosine": measure_cosines(scenes),
+        "cosine": measure_cosines(scenes, precision),
         "phash_photo_like": hash_distances([photo_like(seed) for seed in range(photos)]),
         "phash_demo_gallery": hash_distances([s.image() for s in dataset.demo_gallery(photos)]),
     }
@@ -184,9 +186,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--scenes", type=int, default=300)
     parser.add_argument("--photos", type=int, default=100)
+    parser.add_argument("--precision", choices=("int8", "fp32"), default="int8")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
-    result = measure(args.scenes, args.photos)
+    result = measure(args.scenes, args.photos, args.precision)
     print(json.dumps(result, ensure_ascii=False, indent=None if args.json else 2))
 
 
