@@ -222,6 +222,12 @@ def register(app: typer.Typer) -> None:
             float | None,
             typer.Option(min=MIN_THRESHOLD, max=1.0, help="Cosine where similar shots start (default: the model's)."),
         ] = None,
+        hash_missing: Annotated[
+            bool,
+            typer.Option(
+                "--hash-missing", help="First hash images indexed before perceptual hashes existed (uploads too)."
+            ),
+        ] = False,
         as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
     ) -> None:
         """Near-duplicate groups of an image collection in three tiers (identical bytes, the same picture
@@ -230,7 +236,7 @@ def register(app: typer.Typer) -> None:
         from indexer.names import check_collection_name
 
         check_collection_name(collection)
-        page = find_duplicates(_settings(), collection, tier.value, limit, offset, threshold)  # type: ignore[arg-type]
+        page = find_duplicates(_settings(), collection, tier.value, limit, offset, threshold, hash_missing)  # type: ignore[arg-type]
         typer.echo(page_json(page) if as_json else "\n".join(page_lines(page)))
 
     @app.command("search")

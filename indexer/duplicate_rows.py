@@ -121,6 +121,15 @@ def hashed_items(engine: Engine, collection_id: int) -> tuple[np.ndarray, np.nda
     return ids, np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows))
 
 
+def unhashed_ids(engine: Engine, collection_id: int) -> list[int]:
+    """Ids of the collection's items without a perceptual hash, in order."""
+    query = (
+        select(ItemRow.id).where(ItemRow.collection_id == collection_id, ItemRow.phash.is_(None)).order_by(ItemRow.id)
+    )
+    with Session(engine) as session:
+        return [int(i) for i in session.scalars(query)]
+
+
 def unhashed_count(engine: Engine, collection_id: int) -> int:
     """How many items of an image collection have no perceptual hash yet."""
     query = select(func.count()).where(ItemRow.collection_id == collection_id, ItemRow.phash.is_(None))

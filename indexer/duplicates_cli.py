@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import typer
+
 from indexer.duplicate_pages import TIERS, TierChoice
 from indexer.duplicates import DuplicateMember, DuplicatesPage
 from indexer.file_names import printable
@@ -20,9 +22,16 @@ TIER_TITLES = {
 
 
 def find_duplicates(
-    settings: Any, collection: str, tier: TierChoice, limit: int, offset: int, threshold: float | None
+    settings: Any,
+    collection: str,
+    tier: TierChoice,
+    limit: int,
+    offset: int,
+    threshold: float | None,
+    hash_missing: bool = False,
 ) -> DuplicatesPage:
-    """One page of the collection's groups, the similar-shots search run to its end."""
+    """One page of the collection's groups, the similar-shots search run to its end (after hashing the
+    images without a perceptual hash, with `hash_missing`)."""
     from indexer.engines import open_catalog
     from indexer.progress import rebuild_progress
     from indexer.service import CollectionService, ModelIdentity
@@ -33,6 +42,10 @@ def find_duplicates(
         service = CollectionService(
             catalog, ModelIdentity(info.model, info.dim), duplicate_threshold=settings.duplicate_threshold
         )
+        if hash_missing:
+            with rebuild_progress(f"{info.name}: perceptual hashes") as progress:
+                hashed = service.hash_missing(collection, progress)
+            typer.echo(f"{info.name}: {hashed} images hashed", err=True)
         page = service.duplicates(collection, tier, offset, limit, budget_s=STEP_S, threshold=threshold)
         if not page.complete:
             with rebuild_progress(f"{info.name}: similar shots") as progress:
@@ -69,7 +82,9 @@ def page_lines(page: DuplicatesPage) -> list[str]:
     )
     lines.append(f"similar shots from cosine {page.threshold} ({source}); resized within {page.hamming_threshold} bits")
     if page.unhashed:
-        lines.append(f"{page.unhashed} images have no perceptual hash yet: `cnclip index` their folders to add it")
+        lines.append(
+            f"{page.unhashed} images have no perceptual hash yet: `cnclip index` their folders, or --hash-missing"
+        )
     return lines
 
 

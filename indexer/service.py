@@ -25,6 +25,7 @@ from indexer import duplicate_rows
 from indexer.catalog import SqlCatalog
 from indexer.duplicate_pages import TierChoice
 from indexer.duplicates import DuplicateFinder, DuplicatesPage
+from indexer.media_check import MediaChanged, read_media
 from indexer.names import check_collection_name
 from indexer.paging import PageRequest, rank
 from indexer.perceptual import phash_of_bytes
@@ -257,6 +258,29 @@ class CollectionService:
         """Perceptual hashes of photos indexed before they existed (`cnclip index` reads their files again)."""
         state = self.catalog.state(self.writable(name, "images").name)
         duplicate_rows.set_phashes(self.catalog.engine, state.id, updates)
+
+    def hash_missing(self, name: str, on_progress: Callable[[int, int], None] | None = None, chunk: int = 200) -> int:
+        """Perceptual hashes of every image that has none, uploads included (`cnclip duplicates
+        --hash-missing`), read from the verified indexed bytes; an image whose file is gone or changed is
+        left as it is. Returns how many were hashed."""
+        state = self.catalog.state(self.writable(name, "images").name)
+        missing = duplicate_rows.unhashed_ids(self.catalog.engine, state.id)
+        hashed = 0
+        for start in range(0, len(missing), chunk):
+            updates = []
+            for record in self.catalog.get_many(missing[start : start + chunk]):
+                try:
+                    phash = phash_of_bytes(read_media(record, self.catalog.media_dir))
+                except (NotFound, MediaChanged):
+                    continue
+                if phash is not None:
+                    updates.append((record.id, phash))
+            if updates:
+                duplicate_rows.set_phashes(self.catalog.engine, state.id, updates)
+            hashed += len(updates)
+            if on_progress:
+                on_progress(min(start + chunk, len(missing)), len(missing))
+        return hashed
 
     def record_copies(self, name: str, copies: Sequence[duplicate_rows.FileCopy]) -> None:
         """Files with the bytes of an item at another path (`cnclip index`; indexer/duplicate_rows.py)."""

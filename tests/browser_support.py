@@ -70,9 +70,7 @@ class Server:
     ids: dict[str, int]  # caption -> item id
 
 
-def run_server(
-    data_dir: Path, model_dir: Path, prepare: Callable[[Catalog], None] | None = None
-) -> Iterator[Server]:
+def run_server(data_dir: Path, model_dir: Path, prepare: Callable[[Catalog], None] | None = None) -> Iterator[Server]:
     """uvicorn in a thread, seeded with `photos` (GALLERY), `sentences` (TEXTS) and `empty`; `prepare`
     may add to the catalog first (collections with vectors of its choosing)."""
     settings = Settings(_env_file=None, model_dir=model_dir, data_dir=data_dir, provider="cpu")

@@ -161,3 +161,27 @@ def test_uploads_are_hashed_by_the_service(catalog: SqlCatalog) -> None:
     service.create("photos", "images")
     [added] = service.add_images("photos", [NewImage(encoded(photo_like(1), quality=90))], random_unit(1, 16))
     assert duplicate_rows.phashes_of(catalog.engine, [added.id]).keys() == {added.id}
+
+
+def test_hash_missing_reads_uploads_from_their_copies_and_skips_changed_files(
+    catalog: SqlCatalog, tmp_path: Path
+) -> None:
+    from indexer.types import NewImage
+    from tests.indexer_helpers import random_unit
+
+    service = counting_service(catalog)
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    (folder / "a.jpg").write_bytes(jpeg(1))
+    (folder / "b.jpg").write_bytes(jpeg(2))
+    run(service, folder)
+    service.add_images("photos", [NewImage(jpeg(3)), NewImage(jpeg(4))], random_unit(2, 16))
+    with catalog.engine.begin() as connection:
+        connection.execute(text("UPDATE items SET phash = NULL"))
+    (folder / "b.jpg").write_bytes(jpeg(5))  # changed since it was indexed: not the indexed bytes
+    progress: list[tuple[int, int]] = []
+    assert service.hash_missing("photos", lambda done, total: progress.append((done, total))) == 3
+    assert progress[-1] == (4, 4)
+    state = catalog.state("photos")
+    [left] = duplicate_rows.unhashed_ids(catalog.engine, state.id)
+    assert Path(catalog.get(left).path or "").name == "b.jpg"

@@ -74,3 +74,22 @@ def test_options_and_collections_are_checked(tmp_path: Path, toy_model_dir: Path
     assert invoke(["index-texts", str(texts), "--collection", "words"], env).exit_code == 0
     refused = invoke(["duplicates", "--collection", "words"], env)
     assert refused.exit_code == 1 and "holds texts" in refused.output and "Traceback" not in refused.output
+
+
+def test_hash_missing_hashes_rows_from_before_perceptual_hashes(tmp_path: Path, toy_model_dir: Path) -> None:
+    from sqlalchemy import create_engine, text
+
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    env = cli_env(tmp_path / "data", url, toy_model_dir)
+    write_images(tmp_path / "photos", 4)
+    assert invoke(["index", str(tmp_path / "photos"), "--collection", "photos"], env).exit_code == 0
+    engine = create_engine(url)
+    with engine.begin() as connection:
+        connection.execute(text("UPDATE items SET phash = NULL"))
+    engine.dispose()
+    before = invoke(["duplicates", "--collection", "photos"], env)
+    assert "4 images have no perceptual hash yet" in before.output
+    result = invoke(["duplicates", "--collection", "photos", "--hash-missing", "--json"], env)
+    assert result.exit_code == 0, result.output
+    assert "photos: 4 images hashed" in result.output
+    assert json.loads(result.output.splitlines()[-1])["unhashed"] == 0
