@@ -155,11 +155,12 @@ class DuplicateFinder:
                 "resized": sorted(snapshot.resized_groups(), key=group_order),
                 "similar": sorted(snapshot.similar_groups(), key=group_order),
             }
+            shots = snapshot.shots
+            complete, examined, searchable, used = shots.complete, shots.cursor, len(shots.ids), shots.threshold
         finally:
             self._lock.release()
         listing = [(t, group) for t in TIERS if tier in ("all", t) for group in tiers[t]]
         groups = self._groups(listing[offset : offset + limit], copies)
-        shots = snapshot.shots
         return DuplicatesPage(
             collection=state.name,
             tier=tier,
@@ -168,12 +169,12 @@ class DuplicateFinder:
             limit=limit,
             total=len(listing),
             counts={t: len(tiers[t]) for t in TIERS},
-            complete=shots.complete,
-            examined=shots.cursor,
-            searchable=len(shots.ids),
+            complete=complete,
+            examined=examined,
+            searchable=searchable,
             unhashed=duplicate_rows.unhashed_count(self.catalog.engine, state.id),
-            threshold=round(shots.threshold, 6),
-            threshold_source="raised" if shots.threshold > value else source,
+            threshold=round(used, 6),
+            threshold_source="raised" if used > value else source,
             hamming_threshold=HAMMING_THRESHOLD,
             max_group_size=MAX_GROUP_SIZE,
         )

@@ -281,3 +281,18 @@ def test_what_is_refused(catalog: SqlCatalog) -> None:
         service.duplicates("photos", threshold=0.2)
     empty = service.duplicates("photos")
     assert empty.groups == [] and empty.complete and empty.total == 0
+
+
+def test_too_many_pairs_raise_the_threshold_and_say_so(catalog: SqlCatalog, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(near_vectors, "MAX_PAIRS", 40)
+    service = fake_service(catalog)
+    rng = np.random.default_rng(6)
+    base = unit(rng.standard_normal((1, 32)))[0]
+    add(service, [base, *with_cosines(base, rng, list(np.linspace(0.97, 0.999, 29)))], 400)  # 435 pairs
+    page = service.duplicates("photos", budget_s=None)
+    assert page.threshold_source == "raised" and page.threshold > 0.95
+    snapshot = next(iter(service.finder._cache.values()))
+    assert 0 < len(snapshot.shots.pairs) <= 40
+    assert min(snapshot.shots.pairs.values()) >= page.threshold
+    for group in page.groups:
+        assert all(m.score >= page.threshold for m in group.members)
