@@ -24,7 +24,7 @@ from api.metrics import RequestMetricsMiddleware, ServiceMetrics
 from api.openapi import install_openapi
 from api.readiness import DatabaseProbe
 from api.request_guard import RequestGuardMiddleware
-from api.routes import classify, collections, embed, health, items, label_sets, search
+from api.routes import classify, collections, duplicates, embed, health, items, label_sets, search
 from indexer.runtime import open_runtime
 from indexer.types import Catalog
 from retrieval.memory import return_large_frees_to_os
@@ -95,7 +95,7 @@ def create_app(settings: Settings, encoder: Encoder | None = None, catalog: Cata
     app.state.label_sets = LabelSetStore(settings.data_dir / "label_sets.json")
 
     install_error_handlers(app)
-    for module in (search, classify, embed, collections, items, label_sets, health):
+    for module in (search, classify, embed, collections, duplicates, items, label_sets, health):
         app.include_router(module.router)
     app.include_router(kserve.router)  # KServe v2 / Triton HTTP protocol (/v2), see api/kserve.py
 

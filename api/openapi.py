@@ -53,7 +53,7 @@ _DESCRIPTIONS = {
     410: "The item's file has changed since it was indexed.",
     413: "The body is larger than the limit.",
     422: "The input cannot be used (validation, unreadable image).",
-    429: "The encoder's queue is full; retry after `Retry-After` seconds.",
+    429: "The encoder's queue is full (or another duplicate search is running); retry after `Retry-After` seconds.",
     500: "A bug; the message quotes the request id to report.",
     501: "Not supported here, for good: do not retry (a /v2 Content-Encoding other than gzip, deflate or "
     "identity; a Milvus server that cannot run the request, `vector_store_incompatible`).",
@@ -91,6 +91,7 @@ ROUTES: dict[tuple[str, str], tuple[str, set[int]]] = {
     ("post", "/v1/collections"): (_W, _CAT | {409}),
     ("get", "/v1/collections/{name}"): (_R, _CAT),
     ("delete", "/v1/collections/{name}"): (_W, _CAT),
+    ("get", "/v1/collections/{name}/duplicates"): (_R, _CAT | {429}),  # 429: another duplicate search runs
     ("post", "/v1/collections/{name}/items"): (_W, _ENC | _CAT | {409, 507}),
     ("post", "/v1/collections/{name}/texts"): (_W, _ENC | _CAT | {409, 507}),
     ("get", "/v1/items/{item_id}"): (_R, _CAT),

@@ -188,6 +188,7 @@ def _print_summary(summary: IndexSummary, dry_run: bool) -> None:
         # A rate only when something was embedded: "0.0 images/s" for a run with nothing to do reads as a stall.
         rate = f", {summary.embedded / summary.seconds:.1f} images/s" if summary.embedded and summary.seconds else ""
         dated = f"; dated {summary.dated}" if summary.dated else ""
+        dated += f"; hashed {summary.hashed}" if summary.hashed else ""
         typer.echo(
             f"indexed {summary.added} new, {summary.changed} changed, {summary.renamed} renamed; "
             f"skipped {summary.skipped} (unchanged {summary.unchanged}, duplicates {summary.duplicates}, "

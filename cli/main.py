@@ -8,7 +8,7 @@ import sys
 
 import typer
 
-from cli import bench, catalog, convert, demo, indexing, models, serving, triton, tune
+from cli import bench, catalog, convert, demo, duplicates, indexing, models, serving, triton, tune
 from cli.errors import EXIT_INTERRUPTED, EXIT_STATUS
 
 
@@ -64,6 +64,7 @@ def build_cli() -> typer.Typer:
         catalog.register_db,
         indexing.register,
         catalog.register,
+        duplicates.register,
         serving.register,
         triton.register,
         demo.register,

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 from sqlalchemy import Engine
 
+from indexer.catalog_duplicates import CatalogDuplicates
 from indexer.index_spec import parse_index
 from indexer.media import media_root
 from indexer.media_check import check_media, read_media
@@ -65,7 +66,7 @@ def unit_vectors(vectors: np.ndarray, count: int, dim: int) -> np.ndarray:
     return np.ascontiguousarray(array / norms, dtype=np.float32)
 
 
-class SqlCatalog:
+class SqlCatalog(CatalogDuplicates):
     """`indexer.types.Catalog` over SQLAlchemy (SQLite or PostgreSQL) and a `VectorEngine`. It stores
     what it is given: the rules (which model, which kind, what a user's deletion means) are the
     collection service's (indexer/service.py), the one caller besides tests."""
@@ -171,6 +172,7 @@ class SqlCatalog:
             fields.update(mime=mime, width=width, height=height, caption=image.caption)
             fields.update(mtime=image.mtime, taken_source=image.taken_source)
             fields.update(taken_at=naive_utc(image.taken_at) if image.taken_at else None)
+            fields.update(phash=image.phash)
             rows.append({**fields, "tags": list(image.tags), "extra": dict(image.extra), "data": image.data})
         return self._add(collection, rows, vectors, replace)
 

@@ -52,6 +52,20 @@ class StorageSettings(RuntimeSettings):
         description="How often a search checks (one indexed SQL query) whether another process changed its collection.",
     )
     max_collections: int = Field(1000, ge=1, description="Most collections a catalog may hold (creation beyond: 409).")
+    duplicate_threshold: float | None = Field(
+        None,
+        ge=0.5,
+        le=1.0,
+        description="Cosine at which two photos are similar shots (`cnclip duplicates`); unset = the model's: "
+        "0.88 measured for cnclip-demo, 0.95 (not measured) for other models. See docs/duplicates.md.",
+    )
+    duplicate_time_budget_s: float = Field(
+        10.0,
+        gt=0,
+        le=600,
+        description="Longest a duplicates request searches for similar shots; then it answers with what it found "
+        "(marked partial) and the next request goes on.",
+    )
 
     @field_validator("index_factory")
     @classmethod

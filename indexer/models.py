@@ -114,6 +114,9 @@ class ItemRow(Base):
     # NULL for texts, and for files indexed before revision 0003 until `cnclip index` reads them again.
     taken_at: Mapped[datetime | None] = mapped_column(DateTime())
     taken_source: Mapped[str | None] = mapped_column(String(8))
+    # 64-bit perceptual hash (indexer/perceptual.py), signed. NULL for texts, and for images indexed
+    # before revision 0004 until `cnclip index` reads them again.
+    phash: Mapped[int | None] = mapped_column(BigInteger)
 
 
 class DeletedItemRow(Base):
@@ -157,3 +160,26 @@ class VectorRow(Base):
     item_id: Mapped[int] = mapped_column(ItemId, ForeignKey("items.id", ondelete="CASCADE"), primary_key=True)
     model: Mapped[str] = mapped_column(String(200))
     vector: Mapped[bytes] = mapped_column(LargeBinary)  # float32, little-endian, L2-normalised
+
+
+class ItemCopyRow(Base):
+    """Another file with the bytes of an item of the same collection (one sha256 is one item): the
+    identical-bytes tier of `cnclip duplicates`. Written by `cnclip index` when it meets known bytes at
+    a second path that exists; forgotten when that path becomes an item, when the item is deleted,
+    and by `--prune` when the file is gone (indexer/copies.py)."""
+
+    __tablename__ = "item_copies"
+    __table_args__ = (
+        UniqueConstraint("collection_id", "path", name="uq_item_copies_collection_path"),
+        Index("ix_item_copies_collection_sha256", "collection_id", "sha256"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(ItemId, primary_key=True, autoincrement=True)
+    collection_id: Mapped[int] = mapped_column(ForeignKey("collections.id", ondelete="CASCADE"))
+    sha256: Mapped[str] = mapped_column(String(64))
+    path: Mapped[str] = mapped_column(FilePath)
+    root: Mapped[str | None] = mapped_column(FilePath)
+    size: Mapped[int | None] = mapped_column(BigInteger)
+    mtime: Mapped[float | None] = mapped_column(Float)
+    recorded_at: Mapped[datetime] = mapped_column(DateTime(), default=utcnow)

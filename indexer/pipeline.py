@@ -24,8 +24,9 @@ from pathlib import Path
 
 import numpy as np
 
+from indexer.duplicate_rows import FileCopy
 from indexer.index_summary import IndexSummary, ProgressCallback
-from indexer.reading import PreparedFile, read_file, read_taken
+from indexer.reading import PreparedFile, read_file, read_phash, read_taken
 from indexer.routing import FileRouter, MovePayload
 from indexer.service import CollectionService
 from indexer.sources import SourceEntry, load_entries
@@ -73,6 +74,8 @@ class ImageIndexer:
         self.index_factory = index_factory
         self.restore_deleted = restore_deleted
         self.undated: list[SourceEntry] = []  # unchanged files whose rows have no taken_at (from _plan)
+        self.unhashed: list[SourceEntry] = []  # unchanged files whose rows have no perceptual hash
+        self.copies: list[FileCopy] = []  # files with the bytes of an item at another path (recorded at the end)
 
     @property
     def encoder(self) -> Encoder:
@@ -119,7 +122,11 @@ class ImageIndexer:
         report(summary)
         if self.undated and not stop.is_set():
             summary.dated = await asyncio.to_thread(self._date_unchanged, self.service.file_states(self.collection))
+        if self.unhashed and not stop.is_set():
+            summary.hashed = await asyncio.to_thread(self._hash_unchanged, self.service.file_states(self.collection))
         await self._index(todo, summary, stop, report)
+        if self.copies:
+            await asyncio.to_thread(self.service.record_copies, self.collection, self.copies)
         if prune and not stop.is_set():
             summary.pruned = await asyncio.to_thread(self._prune)
         await asyncio.to_thread(self.service.flush, self.collection)
@@ -138,6 +145,8 @@ class ImageIndexer:
                 summary.unchanged += 1
                 if not state.has_taken:
                     self.undated.append(entry)
+                if not state.has_phash:
+                    self.unhashed.append(entry)
             else:
                 todo.append((entry, state))
         return todo
@@ -155,9 +164,24 @@ class ImageIndexer:
             self.service.set_taken(self.collection, dated[start : start + chunk])
         return len(dated)
 
+    def _hash_unchanged(self, states: dict[str, FileState], chunk: int = 500) -> int:
+        """The hash backfill: like `_date_unchanged`, for rows indexed before perceptual hashes existed."""
+        with ThreadPoolExecutor(self.read_threads, thread_name_prefix="cnclip-phash") as pool:
+            hashed = [
+                (states[str(entry.path)].id, phash)
+                for entry, phash in zip(self.unhashed, pool.map(read_phash, self.unhashed), strict=True)
+                if phash is not None and str(entry.path) in states
+            ]
+        for start in range(0, len(hashed), chunk):
+            self.service.set_phashes(self.collection, hashed[start : start + chunk])
+        return len(hashed)
+
     def _prune(self) -> int:
         states = self.service.file_states(self.collection)
         gone = [state.id for path, state in states.items() if not os.path.exists(path)]
+        copies = self.service.prune_copies(self.collection)
+        if copies:
+            log.info("%s: forgot %d copies whose files are gone", self.collection, copies)
         return self.service.delete_items(gone, reason="pruned") if gone else 0
 
     # --- the dry run ---------------------------------------------------------------------------
@@ -198,17 +222,22 @@ class ImageIndexer:
 
     # --- stages ------------------------------------------------------------------------------
     async def _read(
-        self, todo: Todo, summary: IndexSummary, stop: asyncio.Event, decode: Callable[[bytes], object] | None = None
+        self,
+        todo: Todo,
+        summary: IndexSummary,
+        stop: asyncio.Event,
+        decode: Callable[[bytes], object] | None = None,
+        needs_hash: Callable[[str], bool] | None = None,
     ) -> AsyncIterator[PreparedFile]:
-        """Files read and probed (and with `decode`, decoded) by the reader threads, in order, a
-        bounded window ahead."""
+        """Files read and probed (and with `decode`, decoded; with `needs_hash`, perceptually hashed)
+        by the reader threads, in order, a bounded window ahead."""
         window = max(self.batch_size * 2, self.read_threads * 4)
         with ThreadPoolExecutor(self.read_threads, thread_name_prefix="cnclip-read") as pool:
             pending: deque[Future[PreparedFile | tuple[str, str] | None]] = deque()
             position = 0
             while position < len(todo) or pending:
                 while position < len(todo) and len(pending) < window and not stop.is_set():
-                    pending.append(pool.submit(read_file, *todo[position], decode))
+                    pending.append(pool.submit(read_file, *todo[position], decode, needs_hash))
                     position += 1
                 if not pending:
                     break
@@ -243,7 +272,9 @@ class ImageIndexer:
         moves, the writer commits them in order. A failed batch stops everything; what was committed
         stays (a rerun resumes from there)."""
         router = FileRouter(
-            self.service.content_index(self.collection), self.service.remembered_deletions(self.collection)
+            self.service.content_index(self.collection),
+            self.service.remembered_deletions(self.collection),
+            self.copies,
         )
         queue: asyncio.Queue[tuple[str, object] | None] = asyncio.Queue(maxsize=self.inflight)
         embeddings: set[Embedding] = set()  # in flight, not yet committed
@@ -277,7 +308,7 @@ class ImageIndexer:
 
         batch: list[PreparedFile] = []
         try:
-            async for prepared in self._read(todo, summary, stop):
+            async for prepared in self._read(todo, summary, stop, needs_hash=router.needs_hash):
                 action = router.route(prepared, summary)
                 if action == "embed":
                     batch.append(prepared)
@@ -335,6 +366,7 @@ class ImageIndexer:
                 sha256=p.sha256,
                 taken_at=p.taken[0],
                 taken_source=p.taken[1],
+                phash=p.phash,
             )
             for p in batch
         ]

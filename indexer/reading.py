@@ -1,4 +1,5 @@
-"""The reader stage of `cnclip index`: read, hash, probe and date one file (in reader threads)."""
+"""The reader stage of `cnclip index`: read, hash, probe and date one file (in reader threads), and
+take the perceptual hash (indexer/perceptual.py) of the files that will be embedded."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from indexer.perceptual import phash_of_bytes
 from indexer.safe_open import FileRefused, open_inside
 from indexer.sources import SourceEntry, looks_like_image
 from indexer.taken import Taken, taken_from, taken_of
@@ -30,6 +32,7 @@ class PreparedFile:
     replaces: int | None  # the row of this path's previous content
     taken: Taken
     decode_error: str | None = None  # (the dry run) why the encoder would refuse the pixels
+    phash: int | None = None  # perceptual hash, taken when `needs_hash` said so
 
 
 def _read_inside(entry: SourceEntry) -> tuple[bytes, float]:
@@ -41,12 +44,17 @@ def _read_inside(entry: SourceEntry) -> tuple[bytes, float]:
 
 
 def read_file(
-    entry: SourceEntry, state: FileState | None, decode: Callable[[bytes], object] | None = None
+    entry: SourceEntry,
+    state: FileState | None,
+    decode: Callable[[bytes], object] | None = None,
+    needs_hash: Callable[[str], bool] | None = None,
 ) -> PreparedFile | tuple[str, str] | None:
     """Read, hash and probe one file (reader thread). None: not an image; (path, reason): a bad file.
 
     `decode` (the dry run): also decode the pixels the way the encoder will and keep why that fails
-    (a truncated JPEG: its header is fine, its data is not), for the files the run would embed."""
+    (a truncated JPEG: its header is fine, its data is not), for the files the run would embed.
+    `needs_hash(sha256)`: whether to take the perceptual hash (not for bytes the collection has: a
+    rename or a copy costs no decoding)."""
     try:
         data, mtime = _read_inside(entry)
     except FileRefused as exc:
@@ -69,9 +77,18 @@ def read_file(
         except InvalidImage as exc:
             decode_error = exc.message
     size = len(data)
+    phash = phash_of_bytes(data) if needs_hash is not None and needs_hash(sha) else None
     return PreparedFile(
-        entry, data, sha, header.mime, header.width, header.height, size, mtime, replaces, taken, decode_error
+        entry, data, sha, header.mime, header.width, header.height, size, mtime, replaces, taken, decode_error, phash
     )
+
+
+def read_phash(entry: SourceEntry) -> int | None:
+    """The perceptual hash of a file already indexed (the backfill); None when it cannot be read now."""
+    try:
+        return phash_of_bytes(_read_inside(entry)[0])
+    except (FileRefused, OSError):
+        return None
 
 
 def read_taken(entry: SourceEntry) -> Taken | None:

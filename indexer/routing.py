@@ -9,6 +9,7 @@ import os
 from datetime import datetime
 from typing import Literal
 
+from indexer.duplicate_rows import FileCopy
 from indexer.index_summary import IndexSummary
 from indexer.reading import PreparedFile
 from indexer.types import TakenSource
@@ -20,10 +21,24 @@ MovePayload = tuple[list[tuple[int, str, int, float]], list[tuple[int, datetime,
 class FileRouter:
     """Routes the files of one run against what the collection holds (read once, at the start)."""
 
-    def __init__(self, contents: dict[str, tuple[int, str | None]], deleted: set[str]) -> None:
+    def __init__(
+        self, contents: dict[str, tuple[int, str | None]], deleted: set[str], copies: list[FileCopy] | None = None
+    ) -> None:
         self.contents = contents  # sha256 -> (item id, path), updated as renames are found
         self.deleted = deleted  # sha256 of the items a user deleted
         self.pending: set[str] = set()  # sha256 of the files of this run sent to the encoder
+        # Files with the bytes of an item at another path (the identical tier of `cnclip duplicates`).
+        self.copies = copies if copies is not None else []
+        self.hashing: set[str] = set()  # sha256 the readers were asked to hash (the first file of each)
+
+    def needs_hash(self, sha256: str) -> bool:
+        """Whether the reader takes a file's perceptual hash (reader threads): only the first file of
+        bytes the collection does not have (they will be embedded); a rename or a copy costs no decoding.
+        Two readers racing on one sha may both hash it: harmless."""
+        if sha256 in self.contents or sha256 in self.hashing:
+            return False
+        self.hashing.add(sha256)
+        return True
 
     def route(self, prepared: PreparedFile, summary: IndexSummary) -> Literal["embed"] | MovePayload | None:
         """ "embed" (new bytes), a path/date update for bytes the collection has, or nothing (deleted
@@ -45,6 +60,7 @@ class FileRouter:
         replaced = [prepared.replaces] if prepared.replaces is not None else []
         if known is None:  # same bytes as a file earlier in this run: it is being embedded now
             summary.duplicates += 1
+            self._copy(prepared)
             return [], [], replaced
         item_id, known_path = known
         if known_path == path:
@@ -54,6 +70,11 @@ class FileRouter:
             self.contents[prepared.sha256] = (item_id, path)
         else:
             summary.duplicates += 1
+            self._copy(prepared)
             return [], [], replaced
         # Its date as read now: an mtime date follows the file's mtime, and a row from before 0003 gets one.
         return [(item_id, path, prepared.size, prepared.mtime)], [(item_id, *prepared.taken)], []
+
+    def _copy(self, prepared: PreparedFile) -> None:
+        root = str(prepared.entry.root) if prepared.entry.root is not None else None
+        self.copies.append(FileCopy(prepared.sha256, str(prepared.entry.path), root, prepared.size, prepared.mtime))

@@ -18,7 +18,7 @@ from indexer.types import AddResult, CollectionState
 
 # Every column a bulk insert names (a multi-row INSERT needs the same keys in every row).
 _EMPTY_ITEM: dict[str, Any] = dict.fromkeys(
-    ("path", "root", "size", "mime", "width", "height", "caption", "mtime", "taken_at", "taken_source")
+    ("path", "root", "size", "mime", "width", "height", "caption", "mtime", "taken_at", "taken_source", "phash")
 )
 
 
@@ -97,6 +97,10 @@ class NewRows:
         self.values.append({**values, "created_at": self.now, "updated_at": self.now})
         self.positions.append(position)
         self.results.append(AddResult(-1 - self.first_of_sha[sha], True))
+
+    def new_paths(self) -> list[str]:
+        """The paths of the bulk-indexed files this batch inserts."""
+        return [v["path"] for v in self.values if v["path"] is not None]
 
     def insert(self, session: Session, unit: np.ndarray) -> list[AddResult]:
         """Insert the new rows, their vectors (rows of `unit`) and tags; the results with real ids."""

@@ -20,6 +20,7 @@ from sqlalchemy import Engine, delete, exists, func, insert, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from indexer.copy_rows import forget_copies_of, forget_copy_paths
 from indexer.media_sweep import remove_unused_copies
 from indexer.models import CollectionRow, DeletedItemRow, ItemRow, ItemTagRow, VectorRow, utcnow
 from indexer.names import collection_key
@@ -173,6 +174,7 @@ class ItemRows:
             for position, row in enumerate(rows):
                 batch.take(position, row)
             results = batch.insert(session, unit)
+            forget_copy_paths(session, collection.id, batch.new_paths())
             session.commit()
             return results, version
 
@@ -185,6 +187,7 @@ class ItemRows:
                     .where(ItemRow.id == item_id, ItemRow.collection_id == collection_id)
                     .values(path=path, size=size, mtime=mtime, updated_at=utcnow())
                 )
+            forget_copy_paths(session, collection_id, [path for _, path, _, _ in moves])
             session.commit()
 
     def delete(self, item_ids: Sequence[int], reason: str, remembered: bool) -> dict[int, int]:
@@ -236,6 +239,7 @@ class ItemRows:
                 ],
             )
             session.execute(delete(ItemRow).where(ItemRow.id.in_([r[0] for r in rows])))
+            forget_copies_of(session, collection_id, [sha for _, sha, _, _ in rows])
             uploads += [(sha, mime) for _, sha, path, mime in rows if path is None]
         return uploads
 
@@ -307,10 +311,13 @@ class ItemRows:
             ItemRow.mtime,
             ItemRow.taken_at.is_not(None),
             ItemRow.updated_at,
+            ItemRow.phash.is_not(None),
         ).where(ItemRow.collection_id == collection_id, ItemRow.path.is_not(None))
         with Session(self.engine) as session:
             return {
-                str(row[0]): FileState(*row[1:5], has_taken=bool(row[5]), recorded_at=_epoch(row[6]))
+                str(row[0]): FileState(
+                    *row[1:5], has_taken=bool(row[5]), recorded_at=_epoch(row[6]), has_phash=bool(row[7])
+                )
                 for row in session.execute(query)
             }
 

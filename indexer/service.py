@@ -30,9 +30,11 @@ from typing import Any, Literal
 
 import numpy as np
 
+from indexer.duplicate_cases import DuplicateCases
 from indexer.errors import VectorStoreError
 from indexer.names import check_collection_name
 from indexer.paging import PageRequest, rank
+from indexer.perceptual import phash_of_bytes
 from indexer.results import CollectionStats, Found, SearchPage, StageMark
 from indexer.sync import Progress
 from indexer.taken import taken_from
@@ -68,7 +70,7 @@ class ModelIdentity:
     dim: int
 
 
-class CollectionService(UseCases):
+class CollectionService(UseCases, DuplicateCases):
     """Use cases over a catalog, for the model of `encoder` (None: a process that embeds nothing,
     such as `cnclip stats`; it can read and delete, not search or add)."""
 
@@ -83,6 +85,8 @@ class CollectionService(UseCases):
         max_image_bytes: int = DEFAULT_MAX_BYTES,
         max_image_pixels: int = DEFAULT_MAX_PIXELS,
         thumbs_dir: Path | None = None,
+        duplicate_threshold: float | None = None,
+        duplicate_budget_s: float = 10.0,
     ) -> None:
         self.catalog = catalog
         self.encoder = encoder
@@ -93,6 +97,8 @@ class CollectionService(UseCases):
         self.max_image_bytes = max_image_bytes
         self.max_image_pixels = max_image_pixels
         self.thumbs_dir = thumbs_dir
+        self.duplicate_threshold = duplicate_threshold
+        self.duplicate_budget_s = duplicate_budget_s
         self._defaults: dict[str, tuple[float, str]] = {}  # kind -> (when looked up, name)
 
     # --- the rules ----------------------------------------------------------------------------
@@ -258,7 +264,8 @@ class CollectionService(UseCases):
         return self.catalog.add_images(target.name, completed, vectors, replace=replace)
 
     def complete(self, image: NewImage, header: ImageHeader | None = None) -> NewImage:
-        """`image` with its header's facts and its date filled in (one header read, when needed)."""
+        """`image` with its header's facts and its date filled in (one header read, when needed), and an
+        upload's perceptual hash."""
         if image.mime is None:
             header = header or read_header(image.data, self.max_image_bytes, self.max_image_pixels)
             image = replace(image, mime=header.mime, width=header.width, height=header.height)
@@ -268,6 +275,9 @@ class CollectionService(UseCases):
                     header = read_header(image.data, self.max_image_bytes, self.max_image_pixels)
             taken_at, taken_source = taken_from(header, image.mtime)
             image = replace(image, taken_at=taken_at, taken_source=taken_source)
+        if image.phash is None and image.path is None:
+            # An upload's perceptual hash (near-duplicates); the bulk indexer's reader takes its files'.
+            image = replace(image, phash=phash_of_bytes(image.data, self.max_image_bytes, self.max_image_pixels))
         return image
 
     def set_taken(self, name: str, updates: Sequence[tuple[int, datetime, TakenSource]]) -> None:
@@ -370,4 +380,6 @@ def collection_service(catalog: Catalog, encoder: Encoder | None, settings: Any)
         max_image_bytes=settings.max_image_bytes,
         max_image_pixels=settings.max_image_pixels,
         thumbs_dir=settings.data_dir / "thumbs",
+        duplicate_threshold=settings.duplicate_threshold,
+        duplicate_budget_s=settings.duplicate_time_budget_s,
     )

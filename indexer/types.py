@@ -8,9 +8,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
+
+if TYPE_CHECKING:  # the near-duplicate records (their modules import these types)
+    from indexer.duplicate_pages import TierChoice
+    from indexer.duplicate_rows import FileCopy
+    from indexer.duplicates import DuplicatesPage
 
 CollectionKind = Literal["images", "texts"]
 # exif: the photo's DateTimeOriginal; mtime: the file's modification time (no EXIF date);
@@ -73,6 +78,7 @@ class NewImage:
     sha256: str | None = None
     taken_at: datetime | None = None  # filled in from EXIF / mtime by the service when None
     taken_source: TakenSource | None = None
+    phash: int | None = None  # perceptual hash (indexer/perceptual.py); the service computes it when None
 
 
 @dataclass(frozen=True)
@@ -138,6 +144,7 @@ class FileState:
     # When the row last recorded the file (epoch seconds): a file whose inode changed after that
     # (st_ctime, which no user can set back) is read again even with its old size and mtime.
     recorded_at: float | None = None
+    has_phash: bool = True  # False: indexed before perceptual hashes existed (the next run hashes it)
 
 
 Progress = Callable[[int, int], None]  # (vectors added so far, vectors to add)
@@ -209,6 +216,27 @@ class Catalog(Protocol):
     def content_index(self, collection: str) -> dict[str, tuple[int, str | None]]: ...
 
     def sort_keys(self, item_ids: Sequence[int]) -> dict[int, tuple[datetime | None, datetime | None]]: ...
+
+    # --- near-duplicates (indexer/catalog_duplicates.py) ------------------------------------------------
+    def find_duplicates(
+        self,
+        name: str,
+        tier: TierChoice,
+        offset: int,
+        limit: int,
+        *,
+        budget_s: float | None,
+        threshold: float | None,
+        setting_threshold: float | None,
+    ) -> DuplicatesPage: ...
+
+    def unhashed_ids(self, name: str) -> list[int]: ...
+
+    def set_phashes(self, name: str, updates: Sequence[tuple[int, int]]) -> None: ...
+
+    def record_copies(self, name: str, copies: Sequence[FileCopy]) -> None: ...
+
+    def prune_copies(self, name: str) -> int: ...
 
     # --- the vector engine: a store is opened on first use ---------------------------------------------
     def search(

@@ -13,6 +13,16 @@ These are starting points the web UI offers (and a user may change), measured as
   ones 0.1–0.25, so 0.3 / 0.7 are guesses, to be re-measured with `demo/evaluate.py`-style queries
   on real photos.
 An unknown model gets no suggestion: the UI then shows every result until the user sets a cutoff.
+
+Where "similar shots" start (`cnclip duplicates`, the third tier: image-image cosine to the group's
+keeper at least this), per model, as `duplicate_threshold(model_id)`:
+- cnclip-demo: 0.88, measured by `python -m demo.duplicate_threshold` on the demo gallery (300 scenes):
+  the lowest cosine at which at most 5 % of pairs of different scenes (shape, colour, background or
+  texture changed) pass; another shot of the same scene passes at 0.877 (docs/duplicates.md).
+- every other model, Chinese-CLIP checkpoints included: 0.95, NOT measured (no real photos or weights
+  offline here). Bursts of one scene with released CLIP models sit around 0.92-0.98 and different
+  photos of one kind of scene lower; 0.95 leans to fewer false groups. CNCLIP_DUPLICATE_THRESHOLD
+  overrides it; measure it on your own photos.
 """
 
 from __future__ import annotations
@@ -32,3 +42,15 @@ def suggested_min_scores(model_id: str) -> dict[QueryKind, float]:
     """The suggested cutoffs for a model id ("name@fingerprint" or a bare name); {} when unknown."""
     name = model_id.split("@", 1)[0].lower()
     return dict(SUGGESTED.get(name, {}))
+
+
+_DUPLICATE_MEASURED: dict[str, float] = {"cnclip-demo": 0.88}
+DUPLICATE_UNMEASURED = 0.95
+
+
+def duplicate_threshold(model_id: str) -> tuple[float, bool]:
+    """(cosine where similar shots start, whether it was measured for this model)."""
+    name = model_id.split("@", 1)[0].lower()
+    if name in _DUPLICATE_MEASURED:
+        return _DUPLICATE_MEASURED[name], True
+    return DUPLICATE_UNMEASURED, False

@@ -16,7 +16,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
@@ -28,6 +28,7 @@ from playwright.sync_api import Browser, Page, Request, Route, expect, sync_play
 from api import create_app
 from api.config import Settings
 from api.request_guard import APP_CSP, DOCS_CSP
+from indexer.types import Catalog
 from retrieval.fake import FakeEncoder
 from tests.api_helpers import GALLERY, image_bytes, open_test_catalog
 
@@ -69,10 +70,13 @@ class Server:
     ids: dict[str, int]  # caption -> item id
 
 
-def run_server(data_dir: Path, model_dir: Path) -> Iterator[Server]:
-    """uvicorn in a thread, seeded with `photos` (GALLERY), `sentences` (TEXTS) and `empty`."""
+def run_server(data_dir: Path, model_dir: Path, prepare: Callable[[Catalog], None] | None = None) -> Iterator[Server]:
+    """uvicorn in a thread, seeded with `photos` (GALLERY), `sentences` (TEXTS) and `empty`; `prepare`
+    may add to the catalog first (collections with vectors of its choosing)."""
     settings = Settings(_env_file=None, model_dir=model_dir, data_dir=data_dir, provider="cpu")
     catalog = open_test_catalog(settings)
+    if prepare is not None:
+        prepare(catalog)
     port = _free_port()
     config = uvicorn.Config(
         create_app(settings, encoder=FakeEncoder(), catalog=catalog), host="127.0.0.1", port=port, log_level="warning"

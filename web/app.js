@@ -206,7 +206,7 @@ async function saveLabelSet() {
 async function openItem(id) {
   const view = views.item;
   state.itemId = id;
-  showItemPage(true);
+  showPage("item");
   view.clearResults();
   $("#item-image").removeAttribute("src");
   for (const el of ["#item-caption", "#item-file", "#item-tags", "#item-meta"]) $(el).textContent = "";
@@ -233,18 +233,23 @@ async function openItem(id) {
   await page(0);
 }
 
-// The item page replaces the tabs while it is open; the tabs keep their results underneath.
-function showItemPage(open) {
-  views.item.root.hidden = !open;
-  $("#tabs").hidden = open;
-  for (const tab of ["text", "image", "classify"]) views[tab].root.hidden = open || tab !== currentTab();
-  if (!open) state.itemId = null;
+// A page (the item page, the duplicates page) replaces the tabs while it is open; the tabs keep
+// their results underneath. `page` is "item", "duplicates" or null (the tabs).
+function showPage(page) {
+  views.item.root.hidden = page !== "item";
+  views.duplicates.root.hidden = page !== "duplicates";
+  $("#tabs").hidden = page !== null;
+  for (const tab of ["text", "image", "classify"]) views[tab].root.hidden = page !== null || tab !== currentTab();
+  if (page !== "item") state.itemId = null;
 }
 
 function route() {
   const match = location.hash.match(/^#\/item\/(\d+)$/);
   if (match) openItem(match[1]);
-  else showItemPage(false);
+  else if (location.hash === "#/duplicates") {
+    showPage("duplicates");
+    openDuplicates();
+  } else showPage(null);
 }
 
 // ---------------------------------------------------------------- wiring
@@ -259,6 +264,12 @@ function selectTab(tab) {
 function init() {
   for (const name of ["text", "image", "classify"]) views[name] = new View($(`#panel-${name}`));
   views.item = new View($("#item-view"));
+  views.duplicates = new View($("#duplicates-view"));
+  // The duplicates page looks at the chosen image collection, once the list has loaded.
+  setupDuplicates(views.duplicates, async () => {
+    await state.collectionsLoaded;
+    return chosen($("#collection"));
+  });
 
   for (const button of document.querySelectorAll('[role="tab"]')) {
     button.addEventListener("click", () => selectTab(button.dataset.tab));
@@ -296,7 +307,7 @@ function init() {
     const file = [...(event.clipboardData?.files || [])].find((f) => f.type.startsWith("image/"));
     if (!file) return;
     event.preventDefault();
-    if (state.itemId) location.hash = "#/"; // leave the item page for the tab the image goes to
+    if (state.itemId || !views.duplicates.root.hidden) location.hash = "#/"; // leave the page for the tab
     if (currentTab() === "classify") acceptClassifyImage(file);
     else {
       selectTab("image");
@@ -322,7 +333,7 @@ function init() {
   });
   window.addEventListener("hashchange", route);
 
-  loadCollections();
+  state.collectionsLoaded = loadCollections();
   loadLabelSets();
   route();
 }
