@@ -1,0 +1,104 @@
+"""`cnclip index PATH --collection NAME --watch`: the first pass with the progress bar and the summary
+line of `cnclip index`, then one line per pass that changed something, until Ctrl-C or SIGTERM (the
+batches in flight finish; exit status 0). Ctrl-C during the first pass is `cnclip index`'s: 130, and
+the same command resumes. The watcher itself is indexer/watch.py."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from contextlib import ExitStack
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import typer
+
+from cli.errors import EXIT_INTERRUPTED
+
+if TYPE_CHECKING:
+    from indexer.config import StorageSettings
+    from indexer.index_summary import IndexSummary
+
+WatchFlags = tuple[bool, bool, float | None, bool]  # --watch, --dry-run, --rescan-interval, --poll
+
+
+def watch_folder(
+    settings: StorageSettings, source: Path, collection: str, options: dict[str, Any], flags: WatchFlags
+) -> int:
+    """Check the watch options (one line and status 1 when they do not fit), then watch; the exit status."""
+    from retrieval.errors import InvalidInput
+
+    watch, dry_run, rescan_interval, poll = flags
+    if not watch:
+        raise InvalidInput("--rescan-interval and --poll go with --watch")
+    if dry_run:
+        raise InvalidInput("--watch and --dry-run do not go together (a dry run writes nothing to keep up to date)")
+    if not source.is_dir():
+        raise InvalidInput(f"{source} is not a folder: --watch watches a folder, not a manifest")
+    return asyncio.run(_watch(settings, source, collection, options, rescan_interval, poll))
+
+
+async def _watch(
+    settings: StorageSettings,
+    source: Path,
+    collection: str,
+    options: dict[str, Any],
+    rescan_interval: float | None,
+    poll: bool,
+) -> int:
+    from cli.indexing import _print_summary
+    from cli.progress import IndexProgress
+    from indexer.runtime import open_runtime
+    from indexer.watch import FolderWatcher, WatchOptions
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+
+    def on_signal() -> None:
+        # The first Ctrl-C (or SIGTERM) finishes the batches in flight; a second Ctrl-C aborts at once.
+        typer.echo("\nstopping after the batches in flight (Ctrl-C again to abort)…", err=True)
+        stop.set()
+        loop.remove_signal_handler(signal.SIGINT)
+
+    with ExitStack() as bar:
+
+        def on_pass(kind: str, summary: IndexSummary) -> None:
+            if kind == "first":
+                bar.close()
+                _print_summary(summary, False)
+                if not summary.interrupted:
+                    typer.echo(f"watching {source} ({watcher.mode}; Ctrl-C to stop)")
+            elif summary.added or summary.changed or summary.renamed or summary.pruned or summary.failures:
+                typer.echo(
+                    f"{datetime.now():%H:%M:%S} {summary.added} new, {summary.changed} changed, "
+                    f"{summary.renamed} renamed, {summary.pruned} pruned, {len(summary.failures)} failed"
+                )
+
+        async with open_runtime(settings, sweep_media=True, warm=False) as rt:
+            assert rt.service is not None
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(signum, on_signal)
+            try:
+                await asyncio.to_thread(rt.service.ensure, collection, "images", options.pop("index_factory"))
+                await rt.start_encoders()  # after the checks: a wrong collection fails before the model loads
+                watcher = FolderWatcher(
+                    rt.service,
+                    collection,
+                    source,
+                    WatchOptions.from_settings(settings, rescan_interval_s=rescan_interval, events="poll" if poll else None),
+                    settings.data_dir / "watch",
+                    on_pass=on_pass,
+                    read_threads=settings.index_read_threads,
+                    inflight=max(2, settings.streams + 1),
+                    **options,
+                )
+                progress = bar.enter_context(IndexProgress(collection))
+                first = await watcher.run(stop, progress.update)
+            finally:
+                for signum in (signal.SIGINT, signal.SIGTERM):
+                    loop.remove_signal_handler(signum)
+    if first is not None and first.interrupted:
+        typer.echo("interrupted: everything committed is kept; run the same command again to resume")
+        return EXIT_INTERRUPTED
+    return 0
