@@ -220,9 +220,23 @@ class FolderWatcher:
                 self._next_full = time.monotonic() + self.options.rescan_interval_s
                 await self._guarded("full", lambda: self.passes.full(stop))
                 continue
-            settled = self.quiet.settled(time.monotonic())
+            settled = self._settled()
             if settled:
                 await self._guarded("hinted", lambda: self.passes.hinted(settled, stop))
+
+    def _settled(self) -> list[str]:
+        """The settled paths to reconcile now. A move is a path that vanished and one that appeared,
+        whose hints may settle apart (a folder's own hint, a file still arriving): while other paths
+        still wait, vanished ones wait with them, so that the pass that finds the bytes at their new
+        path updates the row (same id, same vector) before any pass could prune it."""
+        now = time.monotonic()
+        settled = self.quiet.settled(now)
+        if not len(self.quiet):
+            return settled
+        vanished = {path for path in settled if not os.path.lexists(path)}
+        for path in vanished:
+            self.quiet.hint(path, now)
+        return [path for path in settled if path not in vanished]
 
     async def _sleep(self, stop: asyncio.Event, seconds: float) -> None:
         """Until a hint arrives, `stop` is set or `seconds` pass."""
