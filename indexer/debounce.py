@@ -72,6 +72,11 @@ class QuietPaths:
             del self._waiting[path]
         return sorted(ready)
 
+    def any_present(self) -> bool:
+        """Whether a waiting path existed when last seen (a new file, or a move's destination). Safe to
+        call from another thread (a pass's prune step): it reads a copy taken at once."""
+        return any(w.signature is not None for w in list(self._waiting.values()))
+
     def next_due(self, now: float) -> float | None:
         """Seconds until the next path may settle (None when nothing waits)."""
         if not self._waiting:

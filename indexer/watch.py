@@ -119,11 +119,13 @@ class FolderWatcher:
         if not await self._take(lock, stop):
             return None
         self.passes = FolderPass(self.service, self.collection, self.top, **self.indexer_options)
+        self.passes.hold_prunes = self.quiet.any_present  # hints arrived during the pass (a read only)
         pump_stop = asyncio.Event()
         pump = asyncio.create_task(self._pump(pump_stop), name=f"cnclip:watch-events:{self.collection}")
         try:
             self._device = os.stat(self.top).st_dev
             first = await self.passes.full(stop, first_progress)
+            self._rehint_deferred()
             self._report("first", first)
             if not first.interrupted:
                 await self._loop(stop, pump_stop, pump)
@@ -226,12 +228,12 @@ class FolderWatcher:
 
     def _settled(self) -> list[str]:
         """The settled paths to reconcile now. A move is a path that vanished and one that appeared,
-        whose hints may settle apart (a folder's own hint, a file still arriving): while other paths
-        still wait, vanished ones wait with them, so that the pass that finds the bytes at their new
-        path updates the row (same id, same vector) before any pass could prune it."""
+        whose hints may settle apart (a folder's own hint, a file still arriving): while paths that
+        exist still wait, vanished ones wait with them, so that the pass that finds the bytes at their
+        new path updates the row (same id, same vector) before any pass could prune it."""
         now = time.monotonic()
         settled = self.quiet.settled(now)
-        if not len(self.quiet):
+        if not self.quiet.any_present():
             return settled
         vanished = {path for path in settled if not os.path.lexists(path)}
         for path in vanished:
@@ -272,7 +274,13 @@ class FolderWatcher:
             log.warning("watch %s: a %s pass failed (%s); rescanning in %g s", self.label, kind, exc.message, RETRY_S)
             self._next_full = time.monotonic() + RETRY_S
             return
+        self._rehint_deferred()
         self._report(kind, summary)
+
+    def _rehint_deferred(self) -> None:
+        now = time.monotonic()
+        for path in self.passes.deferred:
+            self.quiet.hint(path, now)
 
     def _report(self, kind: str, summary: IndexSummary) -> None:
         new = [f for f in summary.failures if f not in self._reported]

@@ -69,6 +69,11 @@ class FolderPass(ImageIndexer):
         super().__init__(service, collection, **options)
         self.top = top
         self._scope: Scope = under([str(top)])
+        # Asked (from a worker thread) before rows are pruned: True keeps them for a later pass, their
+        # paths in `deferred` (the watcher hints them again).
+        self.hold_prunes: Callable[[], bool] = lambda: False
+        self.deferred: list[str] = []
+        self._listed: set[str] = set()  # the paths this pass found (existing when it started)
 
     async def full(self, stop: asyncio.Event, on_progress: ProgressCallback | None = None) -> IndexSummary:
         """Walk the whole folder; prune rows under it whose files are gone."""
@@ -90,7 +95,9 @@ class FolderPass(ImageIndexer):
     ) -> IndexSummary:
         started = time.perf_counter()
         self.undated, self.unhashed, self.copies = [], [], []  # per run in the pipeline: per pass here
+        self.deferred = []
         self._scope = scope
+        self._listed = {str(entry.path) for entry in entries} | {path for path, _ in refused}
         report = on_progress or (lambda _summary: None)
         summary = IndexSummary(total=len(entries) + len(refused), failures=list(refused))
         await self._real_run(entries, summary, stop, report, prune=True)
@@ -102,6 +109,14 @@ class FolderPass(ImageIndexer):
 
     def _prune(self) -> int:
         states = self.service.file_states(self.collection)
-        gone = [state.id for path, state in states.items() if self._scope(path) and not os.path.exists(path)]
+        gone = {path: state.id for path, state in states.items() if self._scope(path) and not os.path.exists(path)}
+        # A file this pass listed and that is gone now moved (or went) while the pass ran, and so did
+        # any when hints arrived meanwhile: the new path may be among them, so these rows wait for the
+        # pass that finds it (which updates their paths: same item) or for the next one.
+        self.deferred = sorted(path for path in gone if path in self._listed)
+        if gone and self.hold_prunes():
+            self.deferred = sorted(gone)
+        for path in self.deferred:
+            del gone[path]
         self.service.prune_copies(self.collection)
-        return self.service.delete_items(gone, reason="pruned") if gone else 0
+        return self.service.delete_items(list(gone.values()), reason="pruned") if gone else 0
