@@ -51,7 +51,9 @@ def index(
     ] = False,
     rescan_interval: Annotated[
         float | None,
-        typer.Option(min=1, max=86_400, help="--watch: seconds between full rescans (default CNCLIP_WATCH_RESCAN_INTERVAL_S)."),
+        typer.Option(
+            min=1, max=86_400, help="--watch: seconds between full rescans (default CNCLIP_WATCH_RESCAN_INTERVAL_S)."
+        ),
     ] = None,
     poll: Annotated[bool, typer.Option("--poll", help="--watch: poll the folder instead of inotify events.")] = False,
 ) -> None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 import ipaddress
 import logging
 import socket
-from typing import TYPE_CHECKING, Annotated, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
@@ -25,12 +26,20 @@ LogLevelOption = Annotated[str, typer.Option(help="uvicorn log level.")]
 def load_settings() -> Settings:
     """`Settings()` from the environment; a bad value (an empty `CNCLIP_API_KEY`, say) is one line per
     setting on stderr and exit status 2, not a traceback."""
-    from pydantic import ValidationError
-
     from api.config import Settings
 
+    return settings_or_exit(Settings)
+
+
+S = TypeVar("S")
+
+
+def settings_or_exit(settings_class: Callable[[], S]) -> S:
+    """`settings_class()` from the environment, or one line per bad `CNCLIP_*` value and exit status 2."""
+    from pydantic import ValidationError
+
     try:
-        return Settings()
+        return settings_class()
     except ValidationError as exc:
         for error in exc.errors():
             name = "CNCLIP_" + "__".join(str(part) for part in error["loc"]).upper()

@@ -19,6 +19,7 @@ from cli.errors import EXIT_INTERRUPTED
 if TYPE_CHECKING:
     from indexer.config import StorageSettings
     from indexer.index_summary import IndexSummary
+    from indexer.watch import FolderWatcher
 
 WatchFlags = tuple[bool, bool, float | None, bool]  # --watch, --dry-run, --rescan-interval, --poll
 
@@ -47,7 +48,6 @@ async def _watch(
     rescan_interval: float | None,
     poll: bool,
 ) -> int:
-    from cli.indexing import _print_summary
     from cli.progress import IndexProgress
     from indexer.runtime import open_runtime
     from indexer.watch import FolderWatcher, WatchOptions
@@ -61,20 +61,11 @@ async def _watch(
         stop.set()
         loop.remove_signal_handler(signal.SIGINT)
 
+    watch_options = WatchOptions.from_settings(
+        settings, rescan_interval_s=rescan_interval, events="poll" if poll else None
+    )
     with ExitStack() as bar:
-
-        def on_pass(kind: str, summary: IndexSummary) -> None:
-            if kind == "first":
-                bar.close()
-                _print_summary(summary, False)
-                if not summary.interrupted:
-                    typer.echo(f"watching {source} ({watcher.mode}; Ctrl-C to stop)")
-            elif summary.added or summary.changed or summary.renamed or summary.pruned or summary.failures:
-                typer.echo(
-                    f"{datetime.now():%H:%M:%S} {summary.added} new, {summary.changed} changed, "
-                    f"{summary.renamed} renamed, {summary.pruned} pruned, {len(summary.failures)} failed"
-                )
-
+        printer = PassPrinter(source, bar)
         async with open_runtime(settings, sweep_media=True, warm=False) as rt:
             assert rt.service is not None
             for signum in (signal.SIGINT, signal.SIGTERM):
@@ -82,19 +73,19 @@ async def _watch(
             try:
                 await asyncio.to_thread(rt.service.ensure, collection, "images", options.pop("index_factory"))
                 await rt.start_encoders()  # after the checks: a wrong collection fails before the model loads
-                watcher = FolderWatcher(
+                printer.watcher = FolderWatcher(
                     rt.service,
                     collection,
                     source,
-                    WatchOptions.from_settings(settings, rescan_interval_s=rescan_interval, events="poll" if poll else None),
+                    watch_options,
                     settings.data_dir / "watch",
-                    on_pass=on_pass,
+                    on_pass=printer,
                     read_threads=settings.index_read_threads,
                     inflight=max(2, settings.streams + 1),
                     **options,
                 )
                 progress = bar.enter_context(IndexProgress(collection))
-                first = await watcher.run(stop, progress.update)
+                first = await printer.watcher.run(stop, progress.update)
             finally:
                 for signum in (signal.SIGINT, signal.SIGTERM):
                     loop.remove_signal_handler(signum)
@@ -102,3 +93,28 @@ async def _watch(
         typer.echo("interrupted: everything committed is kept; run the same command again to resume")
         return EXIT_INTERRUPTED
     return 0
+
+
+class PassPrinter:
+    """What the terminal shows of each pass: the first one as `cnclip index` does (its progress bar
+    closed first), then one line per pass that changed something."""
+
+    def __init__(self, source: Path, bar: ExitStack) -> None:
+        self.source = source
+        self.bar = bar
+        self.watcher: FolderWatcher | None = None
+
+    def __call__(self, kind: str, summary: IndexSummary) -> None:
+        from cli.indexing import _print_summary
+
+        if kind == "first":
+            self.bar.close()
+            _print_summary(summary, False)
+            if not summary.interrupted:
+                mode = self.watcher.mode if self.watcher is not None else "?"
+                typer.echo(f"watching {self.source} ({mode}; Ctrl-C to stop)")
+        elif summary.added or summary.changed or summary.renamed or summary.pruned or summary.failures:
+            typer.echo(
+                f"{datetime.now():%H:%M:%S} {summary.added} new, {summary.changed} changed, "
+                f"{summary.renamed} renamed, {summary.pruned} pruned, {len(summary.failures)} failed"
+            )

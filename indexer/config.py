@@ -11,7 +11,7 @@ from retrieval.config import RuntimeSettings
 from retrieval.errors import InvalidInput
 
 
-class StorageSettings(RuntimeSettings, WatchTuning):
+class StorageSettings(WatchTuning, RuntimeSettings):
     """The storage layer's part (with the folder watchers' tuning, indexer/watch_settings.py)."""
 
     database_url: str | None = Field(

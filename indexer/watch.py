@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import os
 import time
@@ -220,11 +221,11 @@ class FolderWatcher:
                 continue
             if time.monotonic() >= self._next_full:
                 self._next_full = time.monotonic() + self.options.rescan_interval_s
-                await self._guarded("full", lambda: self.passes.full(stop))
+                await self._guarded("full", functools.partial(self.passes.full, stop))
                 continue
             settled = self._settled()
             if settled:
-                await self._guarded("hinted", lambda: self.passes.hinted(settled, stop))
+                await self._guarded("hinted", functools.partial(self.passes.hinted, settled, stop))
 
     def _settled(self) -> list[str]:
         """The settled paths to reconcile now. A move is a path that vanished and one that appeared,

@@ -15,6 +15,7 @@ a share is being walked at most a fifth of the time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
@@ -91,10 +92,8 @@ def changed_paths(before: Snapshot, after: Snapshot) -> set[str]:
 
 
 async def _rest(stop: asyncio.Event, seconds: float) -> None:
-    try:
+    with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(stop.wait(), timeout=seconds)
-    except TimeoutError:
-        pass
 
 
 async def poll_hints(top: Path, interval_s: float, stop: asyncio.Event) -> AsyncIterator[set[str]]:
