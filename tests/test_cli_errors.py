@@ -54,5 +54,5 @@ def test_no_command_prints_its_own_error_line() -> None:
             for node in ast.walk(function):
                 if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith("error: "):
                     offenders.add(f"{path.name}:{function.name}")
-    # `load_settings` names each bad CNCLIP_* variable on its own line (pydantic gives several at once).
-    assert offenders == {"serving.py:load_settings"}, offenders
+    # `settings_or_exit` names each bad CNCLIP_* variable on its own line (pydantic gives several at once).
+    assert offenders == {"serving.py:settings_or_exit"}, offenders
