@@ -102,6 +102,7 @@ class FolderWatcher:
         self._wake = asyncio.Event()
         self._device: int | None = None
         self._absent = False
+        self._returned = False  # the folder came back: watch it anew
         self._next_full = 0.0
         self._reported: set[tuple[str, str]] = set()
 
@@ -121,20 +122,17 @@ class FolderWatcher:
             return None
         self.passes = FolderPass(self.service, self.collection, self.top, **self.indexer_options)
         self.passes.hold_prunes = self.quiet.any_present  # hints arrived during the pass (a read only)
-        pump_stop = asyncio.Event()
-        pump = asyncio.create_task(self._pump(pump_stop), name=f"cnclip:watch-events:{self.collection}")
+        self._start_pump()
         try:
             self._device = os.stat(self.top).st_dev
             first = await self.passes.full(stop, first_progress)
             self._rehint_deferred()
             self._report("first", first)
             if not first.interrupted:
-                await self._loop(stop, pump_stop, pump)
+                await self._loop(stop)
             return first
         finally:
-            pump_stop.set()
-            pump.cancel()
-            await asyncio.gather(pump, return_exceptions=True)
+            await self._stop_pump()
             lock.release()
 
     # --- before the first pass ---------------------------------------------------------------------
@@ -172,6 +170,15 @@ class FolderWatcher:
                 self.quiet.hint(path, now)
         self._wake.set()
 
+    def _start_pump(self) -> None:
+        self._pump_stop = asyncio.Event()
+        self._pump_task = asyncio.create_task(self._pump(self._pump_stop), name=f"cnclip:watch:{self.collection}")
+
+    async def _stop_pump(self) -> None:
+        self._pump_stop.set()
+        self._pump_task.cancel()
+        await asyncio.gather(self._pump_task, return_exceptions=True)
+
     async def _pump(self, stop: asyncio.Event) -> None:
         """Feed hints from the kernel's events, or from polling where those cannot see."""
         mode = self.options.events
@@ -190,7 +197,8 @@ class FolderWatcher:
                 async for paths in inotify_hints(self.top, stop):
                     self._hint(paths)
                 return
-            except (ImportError, OSError) as exc:  # no watchfiles; the watch limit reached (or another setup failure)
+            # No watchfiles; the watch limit reached (or another setup failure); watchfiles' own errors.
+            except (ImportError, OSError, RuntimeError) as exc:
                 log.warning(
                     "watch %s: inotify cannot watch it (%s): polling every %g s instead",
                     self.label,
@@ -207,7 +215,7 @@ class FolderWatcher:
             self._hint(paths)
 
     # --- the loop --------------------------------------------------------------------------------
-    async def _loop(self, stop: asyncio.Event, pump_stop: asyncio.Event, pump: asyncio.Task[None]) -> None:
+    async def _loop(self, stop: asyncio.Event) -> None:
         self._next_full = time.monotonic() + self.options.rescan_interval_s
         while not stop.is_set():
             now = time.monotonic()
@@ -219,6 +227,10 @@ class FolderWatcher:
             if not self._present():
                 await rest(stop, RETRY_S)
                 continue
+            if self._returned:  # back after being gone: its inotify watches went with it
+                self._returned = False
+                await self._stop_pump()
+                self._start_pump()
             if time.monotonic() >= self._next_full:
                 self._next_full = time.monotonic() + self.options.rescan_interval_s
                 await self._guarded("full", functools.partial(self.passes.full, stop))
@@ -264,6 +276,7 @@ class FolderWatcher:
         elif here and self._absent:
             log.warning("watch %s: the folder is back; rescanning it", self.label)
             self._next_full = 0.0
+            self._returned = True
         self._absent = not here
         return here
 

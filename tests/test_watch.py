@@ -37,6 +37,14 @@ def catalog(tmp_path: Path) -> SqlCatalog:
     opened.close()
 
 
+@pytest.fixture
+def any_catalog(tmp_path: Path, database_url: str) -> SqlCatalog:
+    """On SQLite, then on PostgreSQL."""
+    opened = open_test_catalog(tmp_path / "data", database_url)
+    yield opened
+    opened.close()
+
+
 class Watching:
     """A running watcher and what its passes reported."""
 
@@ -95,7 +103,8 @@ def sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def test_add_rename_move_edit_delete(catalog: SqlCatalog, tmp_path: Path) -> None:
+def test_add_rename_move_edit_delete(any_catalog: SqlCatalog, tmp_path: Path) -> None:
+    catalog = any_catalog
     folder = tmp_path / "photos"
     folder.mkdir()
     (folder / "a.jpg").write_bytes(jpeg(1))
@@ -157,6 +166,32 @@ def test_half_written_file_is_read_once_complete(catalog: SqlCatalog, tmp_path: 
             assert w.rows()[str(folder / "slow.jpg")].sha256 == sha(data)
             assert w.embedded() == 1  # read once, complete
             assert all(not summary.failures for _, summary in w.passes)
+
+    asyncio.run(scenario())
+
+
+def test_a_writer_pausing_longer_than_the_quiet_period_ends_with_one_complete_row(
+    catalog: SqlCatalog, tmp_path: Path
+) -> None:
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    service = service_for(catalog, FakeEncoder(dim=16))
+    data = jpeg(8, (64, 64))
+
+    async def scenario() -> None:
+        async with watching(service, folder) as w:
+            with open(folder / "stalled.jpg", "wb") as f:
+                f.write(data[: len(data) // 2])
+                f.flush()
+                await asyncio.sleep(1.0)  # five quiet periods: the partial file is read as it is
+                f.write(data[len(data) // 2 :])
+            await until(
+                lambda: (
+                    w.rows().get(str(folder / "stalled.jpg")) is not None
+                    and w.rows()[str(folder / "stalled.jpg")].sha256 == sha(data)
+                )
+            )
+            assert len(w.rows()) == 1  # the partial one was replaced, not kept beside it
 
     asyncio.run(scenario())
 
@@ -295,9 +330,14 @@ def test_a_folder_that_goes_away_prunes_nothing(
             folder.rename(tmp_path / "unmounted")
             await asyncio.sleep(2.0)  # events and a rescan while it is gone
             assert len(w.rows()) == 3
-            (tmp_path / "unmounted").rename(folder)
+            folder.mkdir()  # "mounted" again: a new folder at the path, its files moved in
+            for i in range(3):
+                (tmp_path / "unmounted" / f"{i}.jpg").rename(folder / f"{i}.jpg")
+            await until(lambda: any(kind == "full" for kind, _ in w.passes), 8)  # the rescan when it is back
+            w.watcher.options = WatchOptions(quiet_s=0.2, rescan_interval_s=3600)  # events alone from now on
+            await asyncio.sleep(2.0)
             (folder / "0.jpg").unlink()
-            await until(lambda: len(w.rows()) == 2, 8)
+            await until(lambda: len(w.rows()) == 2, 5)  # seen by the events of the folder's new watches
 
     with caplog.at_level(logging.WARNING, logger="indexer.watch"):
         asyncio.run(scenario())

@@ -4,7 +4,6 @@ of cli/errors.py), and `cnclip serve` with CNCLIP_WATCH: a new photo is searchab
 
 from __future__ import annotations
 
-import hashlib
 import os
 import signal
 import subprocess
@@ -184,7 +183,10 @@ def test_bad_watch_tuning_stops_index_in_one_line(tmp_path: Path, env: dict[str,
     )
 
 
-def test_a_served_watcher_makes_a_new_photo_searchable_within_5_s(tmp_path: Path, toy_model_dir: Path) -> None:
+@pytest.mark.parametrize("vector_store", ["faiss", "milvus"])  # FAISS files, Milvus Lite
+def test_a_served_watcher_makes_a_new_photo_searchable_within_5_s(
+    tmp_path: Path, toy_model_dir: Path, vector_store: str
+) -> None:
     folder = tmp_path / "incoming"
     folder.mkdir()
     (folder / "first.jpg").write_bytes(jpeg(1))
@@ -195,11 +197,16 @@ def test_a_served_watcher_makes_a_new_photo_searchable_within_5_s(tmp_path: Path
         provider="cpu",
         watch={str(folder): "photos"},
         watch_quiet_s=0.5,
+        vector_store=vector_store,
     )
 
     def found(client: object) -> set[str]:
         response = client.post("/v1/search/text", json={"query": "照片", "collection": "photos", "k": 50})  # type: ignore[attr-defined]
         return {hit["filename"] for hit in response.json()["results"]} if response.status_code == 200 else set()
+
+    def ids(client: object) -> dict[str, int]:
+        response = client.post("/v1/search/text", json={"query": "照片", "collection": "photos", "k": 50})  # type: ignore[attr-defined]
+        return {hit["filename"]: hit["id"] for hit in response.json()["results"]}
 
     with api_client(settings, encoder=FakeEncoder()) as client:
         until(lambda: found(client) == {"first.jpg"}, 10)
@@ -208,6 +215,9 @@ def test_a_served_watcher_makes_a_new_photo_searchable_within_5_s(tmp_path: Path
             f.write(data)
         took = until(lambda: "new.jpg" in found(client), 5)
         assert took < 5
+        before = ids(client)
         os.rename(folder / "new.jpg", folder / "renamed.jpg")
         until(lambda: found(client) == {"first.jpg", "renamed.jpg"}, 5)
-        assert hashlib.sha256(data).hexdigest()  # the same bytes, now under the new name
+        assert ids(client)["renamed.jpg"] == before["new.jpg"]  # the same item, under its new name
+        (folder / "first.jpg").unlink()
+        until(lambda: found(client) == {"renamed.jpg"}, 5)
