@@ -17,6 +17,7 @@ import typer
 from cli.errors import EXIT_INTERRUPTED
 
 if TYPE_CHECKING:
+    from cli.progress import IndexProgress
     from indexer.config import StorageSettings
     from indexer.index_summary import IndexSummary
     from indexer.watch import FolderWatcher
@@ -84,8 +85,14 @@ async def _watch(
                     inflight=max(2, settings.streams + 1),
                     **options,
                 )
-                progress = bar.enter_context(IndexProgress(collection))
-                first = await printer.watcher.run(stop, progress.update)
+
+                def progress(summary: IndexSummary) -> None:
+                    # The bar appears with the first pass (not while a second watcher stands by).
+                    if printer.bar_shown is None:
+                        printer.bar_shown = bar.enter_context(IndexProgress(collection))
+                    printer.bar_shown.update(summary)
+
+                first = await printer.watcher.run(stop, progress)
             finally:
                 for signum in (signal.SIGINT, signal.SIGTERM):
                     loop.remove_signal_handler(signum)
@@ -103,6 +110,7 @@ class PassPrinter:
         self.source = source
         self.bar = bar
         self.watcher: FolderWatcher | None = None
+        self.bar_shown: IndexProgress | None = None
 
     def __call__(self, kind: str, summary: IndexSummary) -> None:
         from cli.indexing import _print_summary
