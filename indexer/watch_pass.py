@@ -74,15 +74,18 @@ class FolderPass(ImageIndexer):
         self.hold_prunes: Callable[[], bool] = lambda: False
         self.deferred: list[str] = []
         self._listed: set[str] = set()  # the paths this pass found (existing when it started)
+        self._hinted: list[str] | None = None  # a hinted pass's paths (None: a full pass)
 
     async def full(self, stop: asyncio.Event, on_progress: ProgressCallback | None = None) -> IndexSummary:
         """Walk the whole folder; prune rows under it whose files are gone."""
         entries, refused = await asyncio.to_thread(walk_folder, self.top)
+        self._hinted = None
         return await self._pass(entries, refused, under([str(self.top)]), stop, on_progress)
 
     async def hinted(self, paths: Iterable[str], stop: asyncio.Event) -> IndexSummary:
         """Look at these paths only; prune rows at or under them whose files are gone."""
         entries, refused, scope = await asyncio.to_thread(hinted_entries, self.top, list(paths))
+        self._hinted = scope
         return await self._pass(entries, refused, under(scope), stop, None)
 
     async def _pass(
@@ -108,6 +111,8 @@ class FolderPass(ImageIndexer):
         return summary
 
     def _prune(self) -> int:
+        if self._hinted is not None and all(os.path.lexists(p) and not os.path.isdir(p) for p in self._hinted):
+            return 0  # every hinted path is a file that exists: no row at or under one can be gone
         states = self.service.file_states(self.collection)
         gone = {path: state.id for path, state in states.items() if self._scope(path) and not os.path.exists(path)}
         # A file this pass listed and that is gone now moved (or went) while the pass ran, and so did
