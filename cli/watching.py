@@ -79,7 +79,7 @@ async def _watch(
                     collection,
                     source,
                     watch_options,
-                    settings.data_dir / "watch",
+                    settings.data_dir,
                     on_pass=printer,
                     read_threads=settings.index_read_threads,
                     inflight=max(2, settings.streams + 1),

@@ -85,7 +85,7 @@ class FolderWatcher:
         collection: str,
         folder: Path,
         options: WatchOptions,
-        lock_dir: Path,
+        data_dir: Path,
         *,
         on_pass: PassReport | None = None,
         **indexer_options: Any,
@@ -94,7 +94,9 @@ class FolderWatcher:
         self.collection = collection
         self.folder = folder
         self.options = options
-        self.lock_dir = lock_dir
+        self.lock_dir = data_dir / "watch"
+        # The catalog's own files change with every pass: hints from there would start pass after pass.
+        self.ignored = str(data_dir.resolve()) + os.sep
         self.on_pass = on_pass
         self.indexer_options = indexer_options
         self.mode = "starting"  # how changes are seen: inotify, polling, rescans only
@@ -166,7 +168,9 @@ class FolderWatcher:
         now = time.monotonic()
         prefix = str(self.top) + os.sep
         for path in paths:
-            if path.startswith(prefix) and not any(p.startswith(".") for p in path[len(prefix) :].split(os.sep)):
+            if path.startswith(self.ignored) or not path.startswith(prefix):
+                continue
+            if not any(part.startswith(".") for part in path[len(prefix) :].split(os.sep)):
                 self.quiet.hint(path, now)
         self._wake.set()
 
@@ -324,7 +328,7 @@ def watch_served_folders(runtime: Any, settings: Any, folders: list[WatchedFolde
                 watched.collection,
                 watched.folder,
                 WatchOptions.from_settings(settings),
-                settings.data_dir / "watch",
+                settings.data_dir,
                 batch_size=settings.index_batch_size,
                 read_threads=settings.index_read_threads,
                 inflight=max(2, settings.streams + 1),

@@ -48,7 +48,7 @@ def any_catalog(tmp_path: Path, database_url: str) -> SqlCatalog:
 class Watching:
     """A running watcher and what its passes reported."""
 
-    def __init__(self, service: CollectionService, folder: Path, options: WatchOptions, lock_dir: Path) -> None:
+    def __init__(self, service: CollectionService, folder: Path, options: WatchOptions, data_dir: Path) -> None:
         self.service = service
         self.passes: list[tuple[str, IndexSummary]] = []
         self.watcher = FolderWatcher(
@@ -56,7 +56,7 @@ class Watching:
             "photos",
             folder,
             options,
-            lock_dir,
+            data_dir,
             on_pass=lambda kind, summary: self.passes.append((kind, summary)),
             batch_size=4,
             read_threads=2,
@@ -75,9 +75,9 @@ class Watching:
 
 @asynccontextmanager
 async def watching(
-    service: CollectionService, folder: Path, options: WatchOptions = FAST, lock_dir: Path | None = None
+    service: CollectionService, folder: Path, options: WatchOptions = FAST, data_dir: Path | None = None
 ) -> AsyncIterator[Watching]:
-    w = Watching(service, folder, options, lock_dir or folder.parent / "locks")
+    w = Watching(service, folder, options, data_dir or folder.parent / "data")
     task = asyncio.create_task(w.watcher.run(w.stop))
     try:
         await until(lambda: bool(w.passes) or task.done(), 20)
@@ -289,11 +289,11 @@ def test_two_watchers_of_one_folder(catalog: SqlCatalog, tmp_path: Path, caplog:
     folder.mkdir()
     (folder / "a.jpg").write_bytes(jpeg(1))
     service = service_for(catalog, FakeEncoder(dim=16))
-    locks = tmp_path / "locks"
+    data = tmp_path / "data"
 
     async def scenario() -> None:
-        async with watching(service, folder, lock_dir=locks) as first:
-            second = Watching(service, folder, FAST, locks)
+        async with watching(service, folder, data_dir=data) as first:
+            second = Watching(service, folder, FAST, data)
             task = asyncio.create_task(second.watcher.run(second.stop))
             await asyncio.sleep(0.5)
             assert not second.passes  # standing by
@@ -448,3 +448,22 @@ def test_rows_outside_the_watched_folder_are_left_alone(catalog: SqlCatalog, tmp
             assert set(w.rows()) == {str(elsewhere / "x.jpg"), str(folder / "a.jpg")}
 
     asyncio.run(scenario())
+
+
+def test_the_catalogs_own_files_inside_the_folder_start_no_passes(tmp_path: Path) -> None:
+    folder = tmp_path / "photos"
+    data = folder / "cnclip-data"  # the data dir inside the watched folder: every commit writes there
+    catalog = open_test_catalog(data, f"sqlite:///{data / 'catalog.db'}")
+    service = service_for(catalog, FakeEncoder(dim=16))
+    try:
+
+        async def scenario() -> None:
+            async with watching(service, folder, data_dir=data) as w:
+                (folder / "a.jpg").write_bytes(jpeg(1))
+                await until(lambda: str(folder / "a.jpg") in w.rows())
+                await asyncio.sleep(1.5)
+                assert [kind for kind, _ in w.passes] == ["first", "hinted"]
+
+        asyncio.run(scenario())
+    finally:
+        catalog.close()
