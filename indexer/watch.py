@@ -201,12 +201,13 @@ class FolderWatcher:
                 async for paths in inotify_hints(self.top, stop):
                     self._hint(paths)
                 return
-            # No watchfiles; the watch limit reached (or another setup failure); watchfiles' own errors.
-            except (ImportError, OSError, RuntimeError) as exc:
+            # No watchfiles; the watch limit reached (or another setup failure); watchfiles' own errors,
+            # e.g. a file name that is not UTF-8 (raised inside anyio's task group, so as a group).
+            except (ImportError, OSError, RuntimeError, ExceptionGroup) as exc:
                 log.warning(
                     "watch %s: inotify cannot watch it (%s): polling every %g s instead",
                     self.label,
-                    exc,
+                    _innermost(exc),
                     self.options.poll_interval_s,
                 )
                 self._next_full = 0.0  # what happened meanwhile: one full pass
@@ -315,6 +316,13 @@ class FolderWatcher:
             )  # fmt: skip
         if self.on_pass is not None:
             self.on_pass(kind, summary)
+
+
+def _innermost(exc: BaseException) -> BaseException:
+    """The first leaf of an exception group (what actually went wrong), or `exc` itself."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
 
 
 # --- `cnclip serve`: CNCLIP_WATCH ----------------------------------------------------------------------

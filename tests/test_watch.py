@@ -258,6 +258,30 @@ def test_inotify_failure_falls_back_to_polling_with_one_line(
     assert len(lines) == 1 and "OS file watch limit reached" in lines[0] and "polling every 0.2 s" in lines[0]
 
 
+def test_a_name_that_is_not_utf8_is_indexed_and_polling_takes_over(
+    catalog: SqlCatalog, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    service = service_for(catalog, FakeEncoder(dim=16))
+    name = os.fsdecode(os.fsencode(str(folder)) + b"/img-\xff.jpg")  # watchfiles cannot decode it
+
+    async def scenario() -> None:
+        async with watching(service, folder) as w:
+            assert w.watcher.mode == "inotify"
+            with open(os.fsencode(name), "wb") as f:
+                f.write(jpeg(1))
+            await until(lambda: name in w.rows())
+            (folder / "after.jpg").write_bytes(jpeg(2))  # seen by polling now
+            await until(lambda: str(folder / "after.jpg") in w.rows())
+            assert w.watcher.mode == "polling"
+
+    with caplog.at_level(logging.WARNING, logger="indexer.watch"):
+        asyncio.run(scenario())
+    lines = [r.getMessage() for r in caplog.records if "inotify cannot watch" in r.getMessage()]
+    assert len(lines) == 1 and "decode" in lines[0], lines
+
+
 def test_hidden_files_and_links_out_are_ignored_as_by_index(catalog: SqlCatalog, tmp_path: Path) -> None:
     folder = tmp_path / "photos"
     folder.mkdir()
