@@ -177,6 +177,13 @@ class FolderWatcher:
     def _start_pump(self) -> None:
         self._pump_stop = asyncio.Event()
         self._pump_task = asyncio.create_task(self._pump(self._pump_stop), name=f"cnclip:watch:{self.collection}")
+        self._pump_task.add_done_callback(self._pump_ended)
+
+    def _pump_ended(self, task: asyncio.Task[None]) -> None:
+        """An event source that fails in a way `_pump` does not expect is said, not lost: rescans go on."""
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("watch %s: the event source failed (%r); only rescans see changes now", self.label, exc)
+            self.mode = "rescans only"
 
     async def _stop_pump(self) -> None:
         self._pump_stop.set()

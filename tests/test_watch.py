@@ -282,6 +282,30 @@ def test_a_name_that_is_not_utf8_is_indexed_and_polling_takes_over(
     assert len(lines) == 1 and "decode" in lines[0], lines
 
 
+def test_an_event_source_that_breaks_unexpectedly_is_said_and_rescans_go_on(
+    catalog: SqlCatalog, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    service = service_for(catalog, FakeEncoder(dim=16))
+
+    async def broken(top: Path, stop: asyncio.Event) -> AsyncIterator[set[str]]:
+        raise ValueError("a bug in the event source")
+        yield set()
+
+    monkeypatch.setattr("indexer.watch.inotify_hints", broken)
+
+    async def scenario() -> None:
+        async with watching(service, folder, WatchOptions(quiet_s=0.2, rescan_interval_s=1.0)) as w:
+            (folder / "a.jpg").write_bytes(jpeg(1))
+            await until(lambda: str(folder / "a.jpg") in w.rows())
+            assert w.watcher.mode == "rescans only"
+
+    with caplog.at_level(logging.WARNING, logger="indexer.watch"):
+        asyncio.run(scenario())
+    assert any("the event source failed (ValueError('a bug" in r.getMessage() for r in caplog.records)
+
+
 def test_hidden_files_and_links_out_are_ignored_as_by_index(catalog: SqlCatalog, tmp_path: Path) -> None:
     folder = tmp_path / "photos"
     folder.mkdir()
