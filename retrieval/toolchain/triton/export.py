@@ -11,12 +11,13 @@ The model and tensor names are the ones our own `/v2` endpoint serves, so the re
 (`CNCLIP_ENCODER=triton://…`) works against either (Triton's batching ensemble takes files as
 `[n, 1]`, ours as `[n]`; the encoder reads the shape from the metadata).
 
-Backends:
+Backends (records in backends.py, which says what each writes):
 - `onnxruntime`: one batch-dynamic graph per tower (the bucket graphs with their batch dimension
   relaxed, checked numerically against the bucket graph), `max_batch_size` and Triton's
   `dynamic_batching` with our buckets as preferred sizes.
 - `python`: the same batch-dynamic graphs and batching, run by a Python-backend model
-  (`retrieval/toolchain/triton/onnx_model.py`, copied as `1/model.py`) with ONNX Runtime: CPU, CUDA or CANN,
+  (`retrieval/toolchain/triton/onnx_model.py`, copied as `1/model.py`, with the provider registry
+  `retrieval/backends/ort_providers.py` beside it) with ONNX Runtime: CPU, CUDA or CANN,
   whatever the onnxruntime in Triton's Python environment has. For a Triton without the onnxruntime
   backend (the `nvidia-pytriton` build the tests run, or an Ascend host where that backend has no
   CANN build). Float inputs are FP32 in the config and cast to the graph's type inside.
