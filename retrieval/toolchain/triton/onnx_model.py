@@ -4,8 +4,9 @@
 `<repo>/cnclip_image/1/model.py`, next to the tower's batch-dynamic `model.onnx`, with the provider
 registry `retrieval/backends/ort_providers.py` beside it as `ort_providers.py`. It runs inside
 Triton's Python backend, where this project is not installed, so it imports only numpy and
-onnxruntime, and loads the registry by path (from the source tree when it is not beside it). Useful where Triton has no onnxruntime backend of its own (the `nvidia-pytriton` build,
-or an Ascend host: onnxruntime-cann's CANN provider runs the graph on the NPU).
+onnxruntime, and loads the registry by path (from the source tree when it is not beside it).
+Useful where Triton has no onnxruntime backend of its own (the `nvidia-pytriton` build, or an
+Ascend host: onnxruntime-cann's CANN provider runs the graph on the NPU).
 
 Triton's dynamic batcher hands `execute` several requests at once; their rows run as one batch.
 The config's `parameters`:
