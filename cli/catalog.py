@@ -34,11 +34,10 @@ class Sort(StrEnum):
 
 
 def storage_settings() -> StorageSettings:
-    """The storage settings from the environment; a bad `CNCLIP_*` value is one line and exit status 2."""
-    from cli.serving import settings_or_exit
+    from cli.errors import read_settings
     from indexer.config import StorageSettings
 
-    return settings_or_exit(StorageSettings)
+    return read_settings(StorageSettings)
 
 
 def register_db(app: typer.Typer) -> None:
