@@ -1,6 +1,7 @@
 """`cnclip index --watch` as a process (the toy model): kill -9 and resume without loss or duplicates,
 two watchers of one folder, Ctrl-C and SIGTERM, hostile options and settings (one line, exit status
-of cli/errors.py), and `cnclip serve` with CNCLIP_WATCH: a new photo is searchable within 5 s."""
+of cli/errors.py), and a new photo searchable within 5 s: `cnclip serve` with CNCLIP_WATCH, and a
+server beside an external `cnclip index --watch`."""
 
 from __future__ import annotations
 
@@ -221,3 +222,29 @@ def test_a_served_watcher_makes_a_new_photo_searchable_within_5_s(
         assert ids(client)["renamed.jpg"] == before["new.jpg"]  # the same item, under its new name
         (folder / "first.jpg").unlink()
         until(lambda: found(client) == {"renamed.jpg"}, 5)
+
+
+def test_an_external_watcher_beside_a_server(
+    tmp_path: Path, toy_model_dir: Path, env: dict[str, str], engine: Engine
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from api.app import create_app
+
+    folder = tmp_path / "incoming"
+    folder.mkdir()
+    (folder / "first.jpg").write_bytes(jpeg(1))
+    watcher = python_cli(["index", str(folder), "-c", "photos", "--watch"], {**env, "CNCLIP_WATCH_QUIET_S": "0.5"})
+    until(lambda: len(rows(engine)) == 1, 60, watcher)
+    settings = Settings(_env_file=None, model_dir=toy_model_dir, data_dir=tmp_path / "data", provider="cpu")
+
+    def found(client: TestClient) -> set[str]:
+        response = client.post("/v1/search/text", json={"query": "照片", "collection": "photos", "k": 50})
+        return {hit["filename"] for hit in response.json()["results"]}
+
+    with TestClient(create_app(settings)) as client:  # the toy model, as the watcher's
+        assert found(client) == {"first.jpg"}
+        (folder / "new.jpg").write_bytes(jpeg(2))
+        took = until(lambda: "new.jpg" in found(client), 5, watcher)  # the server catches up from SQL
+    status, output = stop(watcher)
+    assert status == 0 and took < 5, output
