@@ -27,6 +27,8 @@ from api.request_guard import RequestGuardMiddleware
 from api.routes import classify, collections, duplicates, embed, health, items, label_sets, search
 from indexer.runtime import open_runtime
 from indexer.types import Catalog
+from indexer.watch import watch_served_folders
+from indexer.watch_settings import watched_folders
 from retrieval.memory import return_large_frees_to_os
 from retrieval.types import Encoder
 
@@ -65,6 +67,8 @@ def _lifespan(
             metrics.query_cache.watch(getattr(rt.encoder, "query_cache", None))  # an injected encoder may have none
             try:
                 await rt.start_encoders()
+                # CNCLIP_WATCH: one background task per folder, stopped before the runtime closes.
+                watch_served_folders(rt, settings, watched_folders(settings.watch))
                 yield
             finally:
                 app.state.runtime = app.state.service = app.state.encoder = None

@@ -3,9 +3,13 @@ runtime's (retrieval/config.py explains the layers). The settings table in docs/
 
 from __future__ import annotations
 
+from typing import Annotated, Any
+
 from pydantic import Field, SecretStr, field_validator
+from pydantic_settings import NoDecode
 
 from indexer.config import StorageSettings
+from indexer.watch_settings import parse_watch_setting
 
 
 class Settings(StorageSettings):
@@ -36,6 +40,18 @@ class Settings(StorageSettings):
         description="`/readyz` asks the database (one indexed read, off the event loop) at most this often; "
         "it answers 503 while the database is down.",
     )
+
+    # Parsed by the validator (not by the settings source), so that bad JSON is one line like any bad value.
+    watch: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict,
+        description='Folders `cnclip serve` watches, as JSON folder → collection: `{"/srv/photos": "photos"}`. '
+        "Absolute folders; each is indexed at start, then kept in step (see docs/indexing.md#watched-folders).",
+    )
+
+    @field_validator("watch", mode="before")
+    @classmethod
+    def _watch_list(cls, value: Any) -> dict[str, str]:
+        return parse_watch_setting(value)
 
     @field_validator("api_key")
     @classmethod

@@ -46,6 +46,16 @@ def index(
     restore_deleted: Annotated[
         bool, typer.Option("--restore-deleted", help="Index again the files whose items a user deleted.")
     ] = False,
+    watch: Annotated[
+        bool, typer.Option("--watch", help="Keep running: index what changes in the folder (see docs/indexing.md).")
+    ] = False,
+    rescan_interval: Annotated[
+        float | None,
+        typer.Option(
+            min=1, max=86_400, help="--watch: seconds between full rescans (default CNCLIP_WATCH_RESCAN_INTERVAL_S)."
+        ),
+    ] = None,
+    poll: Annotated[bool, typer.Option("--poll", help="--watch: poll the folder instead of inotify events.")] = False,
 ) -> None:
     """Index the images of a folder or manifest: incremental, resumable, bad files reported
     (exit status 3 when some failed). Items deleted by a user stay deleted unless --restore-deleted.
@@ -63,6 +73,11 @@ def index(
         index_factory = parse_index(index_factory).description
     settings = storage_settings()
     options = {"batch_size": batch_size or settings.index_batch_size, "index_factory": index_factory}
+    if watch or rescan_interval is not None or poll:
+        from cli.watching import watch_folder
+
+        options["restore_deleted"] = restore_deleted
+        raise typer.Exit(watch_folder(settings, source, collection, options, (watch, dry_run, rescan_interval, poll)))
     summary = asyncio.run(_index(settings, source, collection, prune, dry_run, restore_deleted, options))
     _print_summary(summary, dry_run)
     if summary.failures:

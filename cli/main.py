@@ -86,3 +86,7 @@ def main() -> None:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)
+
+
+if __name__ == "__main__":  # `python3 -m cli.main …` runs the program, as `cnclip …` does
+    main()

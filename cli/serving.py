@@ -44,6 +44,15 @@ def exit_on_bad_model(settings: Settings) -> None:
         raise fail(BadSetting(exc.message), hint) from exc
 
 
+def exit_on_missing_watched_folder(settings: Settings) -> None:
+    """`CNCLIP_WATCH` naming a folder that is not there: one line and status 2, before the port is bound."""
+    from pathlib import Path
+
+    for folder in settings.watch:
+        if not Path(folder).is_dir():
+            raise fail(BadSetting(f"CNCLIP_WATCH: {folder} is not a folder"))
+
+
 def bind_listener(host: str, port: int) -> socket.socket:
     """The server's socket, bound before the model loads: a busy port fails at once, in one line and
     with status 1, not after the warm-up. uvicorn then serves on this very socket, so no other
@@ -142,6 +151,7 @@ def serve(
             err=True,
         )
     exit_on_bad_model(settings)
+    exit_on_missing_watched_folder(settings)
     check_storage(settings)  # a SQLite file that is no catalog, a vector engine that cannot be used
     prepare_for_serving(settings)
     listener = bind_listener(settings.host, settings.port)  # before the model loads

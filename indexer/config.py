@@ -6,12 +6,13 @@ from __future__ import annotations
 from pydantic import Field, SecretStr, field_validator
 
 from indexer.index_spec import InvalidIndexDescription, parse_index
+from indexer.watch_settings import WatchTuning
 from retrieval.config import RuntimeSettings
 from retrieval.errors import InvalidInput
 
 
-class StorageSettings(RuntimeSettings):
-    """The storage layer's part."""
+class StorageSettings(WatchTuning, RuntimeSettings):
+    """The storage layer's part (with the folder watchers' tuning, indexer/watch_settings.py)."""
 
     database_url: str | None = Field(
         None, description="SQLAlchemy URL; empty = SQLite file `catalog.db` under the data dir."

@@ -55,6 +55,8 @@ class ImageIndexer:
     """Indexes a folder or manifest into one image collection through the collection service
     (which checks the collection's kind and model) with the service's encoder."""
 
+    flush_at_end = True  # save the vector store when a run ends
+
     def __init__(
         self,
         service: CollectionService,
@@ -129,7 +131,8 @@ class ImageIndexer:
             await asyncio.to_thread(self.service.record_copies, self.collection, self.copies)
         if prune and not stop.is_set():
             summary.pruned = await asyncio.to_thread(self._prune)
-        await asyncio.to_thread(self.service.flush, self.collection)
+        if self.flush_at_end:  # a folder watcher's passes leave it to the store's own saves (indexer/watch.py)
+            await asyncio.to_thread(self.service.flush, self.collection)
 
     def _plan(self, entries: list[SourceEntry], states: dict[str, FileState], summary: IndexSummary) -> Todo:
         """Files that need reading: new ones and those whose size or mtime changed."""

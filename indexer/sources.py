@@ -54,25 +54,46 @@ def load_entries(source: Path) -> tuple[list[SourceEntry], list[tuple[str, str]]
     raise InvalidInput(f"{source} does not exist")
 
 
-def walk_folder(root: Path) -> tuple[list[SourceEntry], list[tuple[str, str]]]:
+def walk_folder(root: Path, start: Path | None = None) -> tuple[list[SourceEntry], list[tuple[str, str]]]:
     """Every regular file under `root`, sorted, and the files refused as (path, why). Hidden folders
     and files are skipped, symlinked folders not followed; a symlinked file is indexed when its
     target stays inside `root` (it is served from there), and refused when it leads out: the server
-    would never serve it, and reading it would put an outside file's content into the catalog."""
+    would never serve it, and reading it would put an outside file's content into the catalog.
+    `start`: walk only this folder inside `root` (a folder watcher's changed one), with `root`'s rules."""
     entries: list[SourceEntry] = []
     refused: list[tuple[str, str]] = []
     top = root.resolve()
-    for folder, subfolders, files in os.walk(top):
+    for folder, subfolders, files in os.walk(start or top):
         subfolders[:] = sorted(name for name in subfolders if not name.startswith("."))
         for name in sorted(files):
-            path = Path(folder) / name
-            if name.startswith(".") or not path.is_file():
-                continue
-            if path.is_symlink() and not inside(path.resolve(), top):
-                refused.append((str(path), "a symlink that leads outside the indexed folder: not followed"))
-                continue
-            entries.append(SourceEntry(path, root=top))
+            found = folder_entry(top, Path(folder) / name)
+            if isinstance(found, SourceEntry):
+                entries.append(found)
+            elif found is not None:
+                refused.append(found)
     return entries, refused
+
+
+def folder_entry(top: Path, path: Path) -> SourceEntry | tuple[str, str] | None:
+    """The entry of one file found in the (resolved) folder `top`, the refusal (path, why) of a symlink
+    that leads out of it, or None for what a walk skips: a hidden file, not a regular file."""
+    if path.name.startswith(".") or not path.is_file():
+        return None
+    if path.is_symlink() and not inside(path.resolve(), top):
+        return str(path), "a symlink that leads outside the indexed folder: not followed"
+    return SourceEntry(path, root=top)
+
+
+def walked_by(top: Path, path: Path) -> bool:
+    """Whether a walk of the (resolved) folder `top` reaches `path`: inside it, no hidden file or folder
+    on the way, and no symlinked folder (a walk does not follow them)."""
+    try:
+        relative = path.relative_to(top)
+    except ValueError:
+        return False
+    if any(part.startswith(".") for part in relative.parts):
+        return False
+    return os.path.realpath(path.parent) == str(path.parent)
 
 
 def _tags(value: Any) -> tuple[str, ...]:

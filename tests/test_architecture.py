@@ -136,7 +136,10 @@ STORAGE = {
         "row_inserts",
     )
 }  # fmt: skip
-THROUGH_THE_SERVICE = ("api/", "cli/", "demo/", "indexer/pipeline.py", "indexer/texts.py", "indexer/routing.py")
+THROUGH_THE_SERVICE = (
+    "api/", "cli/", "demo/", "indexer/pipeline.py", "indexer/texts.py", "indexer/routing.py", "indexer/watch",
+    "indexer/debounce.py",
+)  # fmt: skip
 
 
 def storage_reached_around_the_service(path: Path) -> set[str]:

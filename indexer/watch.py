@@ -1,0 +1,370 @@
+"""Watched folders: `cnclip index PATH --collection NAME --watch`, and `cnclip serve` with `CNCLIP_WATCH`.
+
+A watcher reconciles a folder with SQL whenever something may have changed, through the bulk
+indexer's own rules (indexer/watch_pass.py):
+
+1. It takes the folder's lock (indexer/watch_lock.py); a second watcher of the same folder and
+   collection says so in one line and stands by until the first stops.
+2. A full pass: what changed while nobody watched (a restart after kill -9 resumes here: every batch
+   is one SQL transaction, so what was committed is kept and what was not is read again).
+3. Events (inotify via watchfiles; polling on network filesystems or past the inotify watch limit,
+   indexer/watch_events.py) are hints: each hinted path waits until its size and mtime have been
+   still for the quiet period (indexer/debounce.py), then the settled paths are reconciled in one
+   hinted pass. A periodic full pass (`--rescan-interval`) catches whatever no event named.
+4. A folder that vanishes or turns into another filesystem (an unmounted share) is not taken for a
+   folder whose files were all deleted: nothing is pruned until it is back.
+
+Stopping (`stop` set: Ctrl-C, SIGTERM, a server shutting down) lets the pass in flight finish its
+batches; a pass cut short by cancellation loses only its uncommitted batch (SQL rolls it back).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import os
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from indexer.debounce import QuietPaths
+from indexer.file_names import printable
+from indexer.index_summary import IndexSummary, ProgressCallback
+from indexer.service import CollectionService
+from indexer.watch_events import filesystem_type, inotify_hints, needs_polling, poll_hints
+from indexer.watch_lock import FolderLock
+from indexer.watch_pass import FolderPass
+from retrieval.errors import CnclipError
+
+if TYPE_CHECKING:
+    from indexer.watch_settings import WatchedFolder
+
+log = logging.getLogger(__name__)
+
+RETRY_S = 5.0  # after a failed pass (database down…) or while the folder is gone
+STANDBY_S = 1.0  # how often a standing-by watcher tries the lock
+STOP_GRACE_S = 30.0  # a server's shutdown waits this long for the batch in flight
+EventMode = Literal["auto", "poll", "off"]  # off: rescans only
+PassReport = Callable[[str, IndexSummary], None]  # ("first" | "full" | "hinted", what the pass did)
+
+
+@dataclass(frozen=True)
+class WatchOptions:
+    quiet_s: float = 1.0
+    rescan_interval_s: float = 300.0
+    poll_interval_s: float = 2.0
+    events: EventMode = "auto"
+
+    @classmethod
+    def from_settings(cls, settings: Any, **overrides: Any) -> WatchOptions:
+        values = {
+            "quiet_s": settings.watch_quiet_s,
+            "rescan_interval_s": settings.watch_rescan_interval_s,
+            "poll_interval_s": settings.watch_poll_interval_s,
+        }
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**values)
+
+
+async def rest(stop: asyncio.Event, seconds: float) -> None:
+    """Sleep `seconds`, or less when `stop` is set."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(stop.wait(), timeout=max(0.0, seconds))
+
+
+class FolderWatcher:
+    """Keeps one collection in step with one folder until `stop` is set."""
+
+    def __init__(
+        self,
+        service: CollectionService,
+        collection: str,
+        folder: Path,
+        options: WatchOptions,
+        data_dir: Path,
+        *,
+        on_pass: PassReport | None = None,
+        **indexer_options: Any,
+    ) -> None:
+        self.service = service
+        self.collection = collection
+        self.folder = folder
+        self.options = options
+        self.lock_dir = data_dir / "watch"
+        # The catalog's own files change with every pass: hints from there would start pass after pass.
+        self.ignored = str(data_dir.resolve()) + os.sep
+        self.on_pass = on_pass
+        self.indexer_options = indexer_options
+        self.mode = "starting"  # how changes are seen: inotify, polling, rescans only
+        self.quiet = QuietPaths(options.quiet_s)
+        self._wake = asyncio.Event()
+        self._device: int | None = None
+        self._absent = False
+        self._returned = False  # the folder came back: watch it anew
+        self._next_full = 0.0
+        self._reported: set[tuple[str, str]] = set()
+
+    @property
+    def label(self) -> str:
+        return f"{printable(str(self.folder))} → {self.collection}"
+
+    async def run(self, stop: asyncio.Event, first_progress: ProgressCallback | None = None) -> IndexSummary | None:
+        """Watch until `stop`; returns the first pass's summary (None when stopped before it ran).
+        The first pass's errors are raised (a wrong collection, the model unavailable); later ones
+        are logged and the pass retried."""
+        if not await self._wait_for_folder(stop):
+            return None
+        self.top = self.folder.resolve()
+        lock = FolderLock(self.lock_dir, self.collection, self.top)
+        if not await self._take(lock, stop):
+            return None
+        self.passes = FolderPass(self.service, self.collection, self.top, **self.indexer_options)
+        self.passes.hold_prunes = self.quiet.any_present  # hints arrived during the pass (a read only)
+        self._start_pump()
+        try:
+            self._device = os.stat(self.top).st_dev
+            first = await self.passes.full(stop, first_progress)
+            self._rehint_deferred()
+            self._report("first", first)
+            if not first.interrupted:
+                await self._loop(stop)
+            return first
+        finally:
+            await self._stop_pump()
+            lock.release()
+
+    # --- before the first pass ---------------------------------------------------------------------
+    async def _wait_for_folder(self, stop: asyncio.Event) -> bool:
+        if self.folder.is_dir():
+            return True
+        log.warning("watch %s: not a folder (yet); waiting for it", self.label)
+        while not stop.is_set():
+            await rest(stop, RETRY_S)
+            if self.folder.is_dir():
+                return True
+        return False
+
+    async def _take(self, lock: FolderLock, stop: asyncio.Event) -> bool:
+        if lock.try_acquire():
+            return True
+        log.warning(
+            "watch %s: another process (pid %s) watches this folder; standing by to take over when it stops",
+            self.label,
+            lock.holder(),
+        )
+        while not stop.is_set():
+            await rest(stop, STANDBY_S)
+            if lock.try_acquire():
+                log.warning("watch %s: the other watcher stopped; taking over", self.label)
+                return True
+        return False
+
+    # --- hints -----------------------------------------------------------------------------------
+    def _hint(self, paths: set[str]) -> None:
+        now = time.monotonic()
+        prefix = str(self.top) + os.sep
+        for path in paths:
+            if path.startswith(self.ignored) or not path.startswith(prefix):
+                continue
+            if not any(part.startswith(".") for part in path[len(prefix) :].split(os.sep)):
+                self.quiet.hint(path, now)
+        self._wake.set()
+
+    def _start_pump(self) -> None:
+        self._pump_stop = asyncio.Event()
+        self._pump_task = asyncio.create_task(self._pump(self._pump_stop), name=f"cnclip:watch:{self.collection}")
+        self._pump_task.add_done_callback(self._pump_ended)
+
+    def _pump_ended(self, task: asyncio.Task[None]) -> None:
+        """An event source that fails in a way `_pump` does not expect is said, not lost: rescans go on."""
+        if not task.cancelled() and (exc := task.exception()) is not None:
+            log.error("watch %s: the event source failed (%r); only rescans see changes now", self.label, exc)
+            self.mode = "rescans only"
+
+    async def _stop_pump(self) -> None:
+        self._pump_stop.set()
+        self._pump_task.cancel()
+        await asyncio.gather(self._pump_task, return_exceptions=True)
+
+    async def _pump(self, stop: asyncio.Event) -> None:
+        """Feed hints from the kernel's events, or from polling where those cannot see."""
+        mode = self.options.events
+        fs_type = filesystem_type(self.top)
+        if mode == "auto" and needs_polling(fs_type):
+            log.warning(
+                "watch %s: on %s, where inotify does not see changes made by other machines: polling every %g s",
+                self.label,
+                fs_type,
+                self.options.poll_interval_s,
+            )
+            mode = "poll"
+        if mode == "auto":
+            try:
+                self.mode = "inotify"
+                async for paths in inotify_hints(self.top, stop):
+                    self._hint(paths)
+                return
+            # No watchfiles; the watch limit reached (or another setup failure); watchfiles' own errors,
+            # e.g. a file name that is not UTF-8 (raised inside anyio's task group, so as a group).
+            except (ImportError, OSError, RuntimeError, ExceptionGroup) as exc:
+                log.warning(
+                    "watch %s: inotify cannot watch it (%s): polling every %g s instead",
+                    self.label,
+                    _innermost(exc),
+                    self.options.poll_interval_s,
+                )
+                self._next_full = 0.0  # what happened meanwhile: one full pass
+                self._wake.set()
+        if mode == "off":
+            self.mode = "rescans only"
+            return
+        self.mode = "polling"
+        async for paths in poll_hints(self.top, self.options.poll_interval_s, stop):
+            self._hint(paths)
+
+    # --- the loop --------------------------------------------------------------------------------
+    async def _loop(self, stop: asyncio.Event) -> None:
+        self._next_full = time.monotonic() + self.options.rescan_interval_s
+        while not stop.is_set():
+            now = time.monotonic()
+            due = self.quiet.next_due(now)
+            wait = self._next_full - now if due is None else min(due, self._next_full - now)
+            await self._sleep(stop, wait)
+            if stop.is_set():
+                return
+            if not self._present():
+                await rest(stop, RETRY_S)
+                continue
+            if self._returned:  # back after being gone: its inotify watches went with it
+                self._returned = False
+                await self._stop_pump()
+                self._start_pump()
+            if time.monotonic() >= self._next_full:
+                self._next_full = time.monotonic() + self.options.rescan_interval_s
+                await self._guarded("full", functools.partial(self.passes.full, stop))
+                continue
+            settled = self._settled()
+            if settled:
+                await self._guarded("hinted", functools.partial(self.passes.hinted, settled, stop))
+
+    def _settled(self) -> list[str]:
+        """The settled paths to reconcile now. A move is a path that vanished and one that appeared,
+        whose hints may settle apart (a folder's own hint, a file still arriving): while paths that
+        exist still wait, vanished ones wait with them, so that the pass that finds the bytes at their
+        new path updates the row (same id, same vector) before any pass could prune it."""
+        now = time.monotonic()
+        settled = self.quiet.settled(now)
+        if not self.quiet.any_present():
+            return settled
+        vanished = {path for path in settled if not os.path.lexists(path)}
+        for path in vanished:
+            self.quiet.hint(path, now)
+        return [path for path in settled if path not in vanished]
+
+    async def _sleep(self, stop: asyncio.Event, seconds: float) -> None:
+        """Until a hint arrives, `stop` is set or `seconds` pass."""
+        if seconds <= 0:
+            return
+        waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(self._wake.wait())]
+        try:
+            await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+        self._wake.clear()
+
+    def _present(self) -> bool:
+        """Whether the folder is there, on the filesystem it was on at the start (else nothing is pruned)."""
+        try:
+            here = os.stat(self.top).st_dev == self._device
+        except OSError:
+            here = False
+        if not here and not self._absent:
+            log.warning("watch %s: the folder is gone or unmounted; nothing is pruned until it is back", self.label)
+        elif here and self._absent:
+            log.warning("watch %s: the folder is back; rescanning it", self.label)
+            self._next_full = 0.0
+            self._returned = True
+        self._absent = not here
+        return here
+
+    async def _guarded(self, kind: str, make: Callable[[], Awaitable[IndexSummary]]) -> None:
+        """Run one pass; a project error (the database away…) is one line, and a full pass follows."""
+        try:
+            summary = await make()
+        except CnclipError as exc:
+            log.warning("watch %s: a %s pass failed (%s); rescanning in %g s", self.label, kind, exc.message, RETRY_S)
+            self._next_full = time.monotonic() + RETRY_S
+            return
+        self._rehint_deferred()
+        self._report(kind, summary)
+
+    def _rehint_deferred(self) -> None:
+        now = time.monotonic()
+        for path in self.passes.deferred:
+            self.quiet.hint(path, now)
+
+    def _report(self, kind: str, summary: IndexSummary) -> None:
+        new = [f for f in summary.failures if f not in self._reported]
+        for where, why in new[:20]:
+            log.warning("watch %s: bad file %s: %s", self.label, printable(where), printable(why))
+        if len(self._reported) > 100_000:
+            self._reported.clear()
+        self._reported.update(new)
+        if summary.added or summary.changed or summary.renamed or summary.pruned or kind == "first":
+            log.info(
+                "watch %s: %d new, %d changed, %d renamed, %d pruned, %d failed (%s pass, %.2f s)",
+                self.label, summary.added, summary.changed, summary.renamed, summary.pruned,
+                len(summary.failures), kind, summary.seconds,
+            )  # fmt: skip
+        if self.on_pass is not None:
+            self.on_pass(kind, summary)
+
+
+def _innermost(exc: BaseException) -> BaseException:
+    """The first leaf of an exception group (what actually went wrong), or `exc` itself."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return exc
+
+
+# --- `cnclip serve`: CNCLIP_WATCH ----------------------------------------------------------------------
+def watch_served_folders(runtime: Any, settings: Any, folders: list[WatchedFolder]) -> None:
+    """Register one background task per watched folder with the server's runtime (indexer/runtime.py)."""
+    for watched in folders:
+
+        async def job(watched: WatchedFolder = watched) -> None:
+            watcher = FolderWatcher(
+                runtime.service,
+                watched.collection,
+                watched.folder,
+                WatchOptions.from_settings(settings),
+                settings.data_dir,
+                batch_size=settings.index_batch_size,
+                read_threads=settings.index_read_threads,
+                inflight=max(2, settings.streams + 1),
+            )
+            await run_until_cancelled(watcher)
+
+        runtime.run_in_background(f"watch {watched.collection} {watched.folder}", job)
+
+
+async def run_until_cancelled(watcher: FolderWatcher) -> None:
+    """Run a watcher as a background task: cancelling it stops the watcher the gentle way (the batch
+    in flight commits, for up to STOP_GRACE_S). A first pass that fails is one logged line."""
+    stop = asyncio.Event()
+    task = asyncio.create_task(watcher.run(stop))
+    try:
+        await asyncio.shield(task)
+    except asyncio.CancelledError:
+        stop.set()
+        await asyncio.wait([task], timeout=STOP_GRACE_S)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+        raise
+    except CnclipError as exc:
+        log.error("watch %s: not watched: %s", watcher.label, exc.message)
