@@ -27,12 +27,18 @@ def migrate(
         Path | None, typer.Option("--model", "-m", help="Model directory of the new model (manifest.json).")
     ] = None,
     status: Annotated[bool, typer.Option("--status", help="Show the generations and the shadow's coverage.")] = False,
-    swap: Annotated[bool, typer.Option("--swap", help="Make the shadow generation active (coverage must be full).")] = False,
+    swap: Annotated[
+        bool, typer.Option("--swap", help="Make the shadow generation active (coverage must be full).")
+    ] = False,
     rollback: Annotated[bool, typer.Option("--rollback", help="Make the previous generation active again.")] = False,
-    drop_old: Annotated[bool, typer.Option("--drop-old", help="Forget the previous generation (no rollback after).")] = False,
+    drop_old: Annotated[
+        bool, typer.Option("--drop-old", help="Forget the previous generation (no rollback after).")
+    ] = False,
     drop_shadow: Annotated[bool, typer.Option("--drop-shadow", help="Abandon the migration in progress.")] = False,
     no_swap: Annotated[bool, typer.Option("--no-swap", help="Fill the shadow only; swap later with --swap.")] = False,
-    throttle: Annotated[float, typer.Option(min=0.0, max=1e6, help="Most items embedded per second (0: no cap).")] = 0.0,
+    throttle: Annotated[
+        float, typer.Option(min=0.0, max=1e6, help="Most items embedded per second (0: no cap).")
+    ] = 0.0,
     batch: Annotated[int, typer.Option(min=1, max=1024, help="Items per encoder call.")] = 32,
     prune_missing: Annotated[
         bool, typer.Option("--prune-missing", help="Prune items whose files are gone or changed instead of stopping.")

@@ -126,7 +126,9 @@ class CatalogGenerations:
         self.stores.forget(state.id)  # this process opens the new generation's store on its next search
         if dropped is not None:
             self._drop_store(fresh, dropped)
-        log.info("collection %s: generation %d (%s, %d-d) is active", fresh.name, fresh.generation, fresh.model, fresh.dim)
+        log.info(
+            "collection %s: generation %d (%s, %d-d) is active", fresh.name, fresh.generation, fresh.model, fresh.dim
+        )
         return fresh
 
     def drop_generation(self, name: str, role: str) -> Generation:
@@ -144,4 +146,6 @@ class CatalogGenerations:
         try:
             self.vectors.drop(generation_spec(state, generation))
         except VectorStoreError as exc:  # SQL forgot it already; the engine's leftover is unreachable
-            log.warning("could not drop generation %d of %s from the engine: %s", generation.number, state.name, exc.message)
+            log.warning(
+                "could not drop generation %d of %s from the engine: %s", generation.number, state.name, exc.message
+            )

@@ -142,7 +142,9 @@ class GenerationRows:
         generation when it was this model (its vectors are reused), else a new empty one. A shadow of
         another model is refused: finish or drop that migration first."""
         with Session(self.engine) as session:
-            rows = {r.role: r for r in session.scalars(select(GenerationRow).where(GenerationRow.collection_id == state.id))}
+            rows = {
+                r.role: r for r in session.scalars(select(GenerationRow).where(GenerationRow.collection_id == state.id))
+            }
             shadow = rows.get(SHADOW)
             if shadow is not None and (shadow.model != model or shadow.dim != dim):
                 raise MigrationRefused(
@@ -181,7 +183,12 @@ class GenerationRows:
                     )
                 )
                 rows = [
-                    {"generation_id": generation.id, "item_id": int(i), "model": generation.model, "vector": v.tobytes()}
+                    {
+                        "generation_id": generation.id,
+                        "item_id": int(i),
+                        "model": generation.model,
+                        "vector": v.tobytes(),
+                    }
                     for i, v in zip(ids, np.asarray(unit, dtype=np.float32), strict=True)
                     if int(i) in alive and int(i) not in held
                 ]
@@ -202,7 +209,9 @@ class GenerationRows:
         with Session(self.engine, expire_on_commit=False) as session:
             version = bump_version(session, state.id)  # first: the writers' lock on PostgreSQL
             collection = session.get(CollectionRow, state.id)
-            rows = {r.role: r for r in session.scalars(select(GenerationRow).where(GenerationRow.collection_id == state.id))}
+            rows = {
+                r.role: r for r in session.scalars(select(GenerationRow).where(GenerationRow.collection_id == state.id))
+            }
             target = rows.get(role)
             if collection is None or target is None:
                 raise MigrationRefused(_nothing_to(role, state.name))
@@ -274,11 +283,15 @@ class GenerationRows:
     def all_generations(self, collection_id: int) -> list[Generation]:
         """Every generation but the active one (a collection's deletion drops their engine data)."""
         with Session(self.engine) as session:
-            return [_generation(r, 0) for r in session.scalars(select(GenerationRow).where(GenerationRow.collection_id == collection_id))]
+            return [
+                _generation(r, 0)
+                for r in session.scalars(select(GenerationRow).where(GenerationRow.collection_id == collection_id))
+            ]
 
 
 def _nothing_to(role: str, name: str) -> str:
     if role == PREVIOUS:
         return f"collection {name!r} has no previous generation to go back to or drop (none kept, or dropped)"
-    return f"collection {name!r} has no migration in progress (start one: cnclip migrate --collection {name} --model DIR)"
-
+    return (
+        f"collection {name!r} has no migration in progress (start one: cnclip migrate --collection {name} --model DIR)"
+    )

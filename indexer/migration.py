@@ -120,7 +120,9 @@ class MigrationJob:
         unreadable: set[int] = set()
         status = await off_loop(self.catalog.generation_status, self.name)
         while True:
-            ids = await off_loop(self.catalog.shadow_missing, self.name, generation, self.options.batch + len(unreadable))
+            ids = await off_loop(
+                self.catalog.shadow_missing, self.name, generation, self.options.batch + len(unreadable)
+            )
             ids = [i for i in ids if i not in unreadable][: self.options.batch]
             if not ids:
                 break
@@ -182,7 +184,9 @@ class MigrationJob:
             text_hits = len(scores)
         problem = None
         if agreement < PROBE_AGREEMENT:
-            problem = f"an item embedded now differs from its stored vector (cosine {agreement:.3f} < {PROBE_AGREEMENT})"
+            problem = (
+                f"an item embedded now differs from its stored vector (cosine {agreement:.3f} < {PROBE_AGREEMENT})"
+            )
         elif found < len(picks):
             problem = f"only {found} of {len(picks)} sampled items are among their own {PROBE_K} nearest neighbours"
         elif text_hits == 0:

@@ -11,8 +11,8 @@ import numpy as np
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
-from indexer.media import media_writes, store_media
 from indexer.errors import GenerationMoved
+from indexer.media import media_writes, store_media
 from indexer.models import CollectionRow, DeletedItemRow, ItemRow, ItemTagRow, VectorRow, utcnow
 from indexer.sql_values import chunks
 from indexer.types import AddResult, CollectionState

@@ -31,8 +31,8 @@ from typing import Any, Literal
 import numpy as np
 
 from indexer.duplicate_cases import DuplicateCases
-from indexer.migration_cases import MigrationCases
 from indexer.errors import VectorStoreError
+from indexer.migration_cases import MigrationCases
 from indexer.names import check_collection_name
 from indexer.paging import PageRequest, rank
 from indexer.perceptual import phash_of_bytes
