@@ -60,6 +60,10 @@ class CatalogGenerations:
     def generation_status(self, name: str) -> MigrationStatus:
         return self.generations.status(self.rows.collection(name))
 
+    def migrations(self) -> dict[int, tuple[str, int]]:
+        """collection id -> (the model it migrates to, items its shadow covers), for collections migrating now."""
+        return self.generations.shadows()
+
     def begin_shadow(self, name: str, model: str, dim: int) -> Generation:
         """The collection's shadow generation for `model` (resumed, reused from the previous one, or new).
         The collection's index description must hold for `dim`-d vectors in this engine."""

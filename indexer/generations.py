@@ -100,6 +100,17 @@ class GenerationRows:
         active = Generation(ACTIVE, state.generation, state.model, state.dim, state.vector_key, items)
         return MigrationStatus(state.name, items, active, others.get(SHADOW), others.get(PREVIOUS))
 
+    def shadows(self) -> dict[int, tuple[str, int]]:
+        """collection id -> (the shadow's model, vectors it holds), for every collection migrating now."""
+        query = (
+            select(GenerationRow.collection_id, GenerationRow.model, func.count(GenerationVectorRow.item_id))
+            .outerjoin(GenerationVectorRow, GenerationVectorRow.generation_id == GenerationRow.id)
+            .where(GenerationRow.role == SHADOW)
+            .group_by(GenerationRow.collection_id, GenerationRow.model)
+        )
+        with Session(self.engine) as session:
+            return {int(cid): (model, int(count)) for cid, model, count in session.execute(query)}
+
     def generation(self, state: CollectionState, role: str) -> Generation | None:
         return {SHADOW: self.status(state).shadow, PREVIOUS: self.status(state).previous}.get(role)
 

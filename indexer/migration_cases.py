@@ -64,6 +64,10 @@ class MigrationCases:
             raise GenerationMoved(f"collection {target.name!r} is answered by {target.model}, not this model")
         return target
 
+    def migrations(self: _Service) -> dict[int, tuple[str, int]]:
+        """collection id -> (the model it migrates to, items its shadow covers), for the collections API."""
+        return self.catalog.migrations()
+
     def migration_status(self: _Service, name: str) -> MigrationStatus:
         """The collection's generations and how far the shadow (if any) covers its items."""
         return self.catalog.generation_status(check_collection_name(name))
