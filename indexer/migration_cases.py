@@ -8,6 +8,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
+import numpy as np
+
 from indexer.errors import GenerationMoved
 from indexer.generations import PREVIOUS, SHADOW, Generation, MigrationStatus
 from indexer.migration import MigrateOptions, MigrateReport, MigrationJob, MigrationProgress
@@ -63,6 +65,16 @@ class MigrationCases:
         if vector_key is None and self.encoder is not None and self.encoder_for(target) is not self.encoder:
             raise GenerationMoved(f"collection {target.name!r} is answered by {target.model}, not this model")
         return target
+
+    def stored_vector(self: _Service, collection: str, item_id: int) -> tuple[CollectionState, np.ndarray]:
+        """The collection and the item's stored vector of its active generation: read between two reads
+        of the collection that agree, so a swap (one transaction: vectors and key) cannot fall between."""
+        for _attempt in range(3):
+            target = self.catalog.collection(collection)
+            vector = self.catalog.vector(item_id)
+            if self.catalog.collection(collection).vector_key == target.vector_key:
+                return target, vector
+        raise GenerationMoved(f"collection {collection!r} keeps swapping its model generation; retry")
 
     def migrations(self: _Service) -> dict[int, tuple[str, int]]:
         """collection id -> (the model it migrates to, items its shadow covers), for the collections API."""

@@ -236,10 +236,9 @@ class CollectionService(UseCases, DuplicateCases, MigrationCases):
         the collection's own, whatever model this process runs)."""
         page.check()
         item = self.catalog.get(item_id)
-        vector = self.catalog.vector(item_id)
+        target, vector = self.stored_vector(item.collection, item_id)
         if mark:
             mark("encode")  # a stored vector: no model call
-        target = self.catalog.collection(item.collection)
         return self.search_in(target, vector, page, filters, exclude=item_id, mark=mark)
 
     # --- writes ----------------------------------------------------------------------------------

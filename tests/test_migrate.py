@@ -306,3 +306,40 @@ def test_model_dirs_setting_is_validated(tmp_path: Path, toy_model_dir: Path) ->
     assert catalog_settings(tmp_path, "sqlite://", model_dirs=[toy_model_dir]).model_dirs == [toy_model_dir]
     with pytest.raises(ValidationError, match="not a model directory"):
         catalog_settings(tmp_path, "sqlite://", model_dirs=[tmp_path])
+
+
+def test_items_indexed_during_a_migration_are_caught_up_before_the_swap(tmp_path: Path, toy_model_dir: Path) -> None:
+    env = cli_env(tmp_path / "data", f"sqlite:///{tmp_path / 'c.db'}", toy_model_dir)
+    folder = tmp_path / "photos"
+    write_images(folder, 4)
+    assert invoke(["index", str(folder), "--collection", "photos"], env).exit_code == 0
+    other = tmp_path / "toy2"
+    other.mkdir()
+    write_toy_model(other, dim=16, seed=7, name="toy2", int8=False)
+    assert invoke(["migrate", "-c", "photos", "--model", str(other), "--no-swap"], env).exit_code == 0
+
+    later = tmp_path / "later"
+    for n, path in enumerate(write_images(later, 6)[4:]):
+        path.rename(folder / f"new-{n}.jpg")
+    assert invoke(["index", str(folder), "--collection", "photos"], env).exit_code == 0  # the old model writes
+    status = json.loads(invoke(["migrate", "-c", "photos", "--status", "--json"], env).output)
+    assert (status["items"], status["missing"]) == (6, 2)
+    early = invoke(["migrate", "-c", "photos", "--swap"], env)
+    assert early.exit_code == 1 and "2 items have no" in early.output and len(early.output.strip().splitlines()) == 1
+
+    done = invoke(["migrate", "-c", "photos", "--model", str(other), "--json"], env)
+    assert done.exit_code == 0, done.output
+    report = json.loads(done.output.strip().splitlines()[-1])
+    assert report["embedded"] == 2 and report["swapped"] and report["probe"]["passed"]
+    assert report["status"]["active"]["dim"] == 16
+
+    (folder / "new-0.jpg").rename(folder / "renamed.jpg")
+    write_images(later / "more", 7)[6].rename(folder / "newest.jpg")
+    stale = invoke(["index", str(folder), "--collection", "photos"], env)  # still the old model
+    assert stale.exit_code == 1 and "CNCLIP_MODEL_DIRS" in stale.output
+    fresh = invoke(["index", str(folder), "--collection", "photos"], {**env, "CNCLIP_MODEL_DIR": str(other)})
+    assert fresh.exit_code == 0, fresh.output
+    status = json.loads(invoke(["migrate", "-c", "photos", "--status", "--json"], env).output)
+    assert status["items"] == 7 and status["previous"]["vectors"] == 6  # the newest has no old vector
+    rollback = invoke(["migrate", "-c", "photos", "--rollback"], env)
+    assert rollback.exit_code == 1 and "1 items have no" in rollback.output
