@@ -9,6 +9,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -22,6 +23,7 @@ from indexer.errors import MigrationRefused
 from indexer.migration import MigrateOptions
 from indexer.paging import PageRequest
 from indexer.service import CollectionService
+from indexer.types import NewText
 from retrieval.errors import InvalidInput, NotFound
 from retrieval.fake import FakeEncoder, _unit_vector
 from retrieval.toy_model import write_toy_model
@@ -343,3 +345,29 @@ def test_items_indexed_during_a_migration_are_caught_up_before_the_swap(tmp_path
     assert status["items"] == 7 and status["previous"]["vectors"] == 6  # the newest has no old vector
     rollback = invoke(["migrate", "-c", "photos", "--rollback"], env)
     assert rollback.exit_code == 1 and "1 items have no" in rollback.output
+
+
+def test_a_text_collection_migrates_and_the_throttle_holds(tmp_path: Path, database_url: str) -> None:
+    async def scenario() -> None:
+        catalog = _catalog(tmp_path, database_url, "faiss")
+        try:
+            old = FakeEncoder()
+            await old.start()
+            service = CollectionService(catalog, old)
+            service.create("captions", "texts")
+            texts = [NewText(f"第{n}句话") for n in range(8)]
+            added = await service.add_text_items("captions", texts)
+            new = NewModel(dim=24)
+            both = CollectionService(catalog, old, encoders=[new])
+            started = time.perf_counter()
+            report = await both.migrate("captions", new, MigrateOptions(batch=2, throttle=20.0))
+            took = time.perf_counter() - started
+            assert report.swapped and report.embedded == 8 and took >= 8 / 20.0 - 0.05  # at most 20 items/s
+            assert report.probe is not None and report.probe.text_hits == -1 and report.probe.passed
+            page = await both.search_image(jpeg(1), "captions", "texts", PageRequest(k=8))
+            assert len(page.results) == 8 and catalog.vector(added[3].id).shape == (24,)
+            assert catalog.vector(added[3].id) == pytest.approx(new.embed_texts_sync(["第3句话"])[0], abs=1e-6)
+        finally:
+            catalog.close()
+
+    asyncio.run(scenario())
