@@ -164,7 +164,12 @@ def _report_lines(report: MigrateReport) -> list[str]:
             f"probe: {probe.found_self}/{probe.sampled} sampled items find themselves, agreement "
             f"{probe.agreement:.4f}, text hits {probe.text_hits}"
         )
-    lines.append("swapped: the new model answers searches now" if report.swapped else "not swapped (--swap later)")
+    if report.swapped:
+        lines.append("swapped: the new model answers searches now")
+    elif report.status.shadow is None:
+        lines.append("not swapped by this run: another run swapped the shadow in, or dropped it")
+    else:
+        lines.append("not swapped (--swap later)")
     return lines + status_lines(report.status)
 
 

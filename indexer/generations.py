@@ -151,7 +151,14 @@ class GenerationRows:
     def begin_shadow(self, state: CollectionState, model: str, dim: int) -> Generation:
         """The shadow generation for `model` (`dim`-d): the one there is (a resumed run), the previous
         generation when it was this model (its vectors are reused), else a new empty one. A shadow of
-        another model is refused: finish or drop that migration first."""
+        another model is refused: finish or drop that migration first. Two runs starting together
+        share one shadow (the unique role per collection makes the second read the first's)."""
+        try:
+            return self._begin_shadow(state, model, dim)
+        except IntegrityError:
+            return self._begin_shadow(state, model, dim)
+
+    def _begin_shadow(self, state: CollectionState, model: str, dim: int) -> Generation:
         with Session(self.engine) as session:
             rows = {
                 r.role: r for r in session.scalars(select(GenerationRow).where(GenerationRow.collection_id == state.id))
@@ -211,6 +218,10 @@ class GenerationRows:
                     return len(rows)
                 except IntegrityError:  # an item deleted, or a row written by another run, just now
                     session.rollback()
+                    if session.get(GenerationRow, generation.id) is None:
+                        raise MigrationRefused(
+                            f"the migration to {generation.model} was swapped in or dropped by another run"
+                        ) from None
         return 0
 
     def swap(self, state: CollectionState, role: str) -> tuple[CollectionState, Generation | None]:

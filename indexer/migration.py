@@ -99,7 +99,7 @@ class MigrationJob:
         probe, prepared, swapped = None, False, False
         for _round in range(self.options.max_rounds):
             await self._fill(generation)
-            if not self.options.swap:
+            if not self.options.swap or not await self._still_shadow(generation):
                 break
             probe = await self.probe(generation)
             if not probe.passed:
@@ -115,6 +115,11 @@ class MigrationJob:
         seconds = time.perf_counter() - started
         return MigrateReport(status, self.embedded, self.pruned, seconds, swapped, prepared, probe)
 
+    async def _still_shadow(self, generation: Generation) -> bool:
+        """Whether `generation` is still the collection's shadow (another run may have swapped it in)."""
+        shadow = (await off_loop(self.catalog.generation_status, self.name)).shadow
+        return shadow is not None and shadow.id == generation.id
+
     async def _fill(self, generation: Generation) -> None:
         """Embed what the shadow lacks until it lacks nothing (or only unreadable items)."""
         unreadable: set[int] = set()
@@ -129,7 +134,12 @@ class MigrationJob:
             batch_started = time.perf_counter()
             kept, vectors = await self._embed(ids, unreadable)
             if kept:
-                self.embedded += await off_loop(self.catalog.put_shadow, generation, kept, vectors)
+                try:
+                    self.embedded += await off_loop(self.catalog.put_shadow, generation, kept, vectors)
+                except MigrationRefused:
+                    if await self._still_shadow(generation):
+                        raise
+                    return  # another run swapped it in (or dropped it): nothing left to fill
             status = await off_loop(self.catalog.generation_status, self.name)
             if self.on_progress is not None and status.shadow is not None:
                 self.on_progress(status.shadow.vectors, status.items)

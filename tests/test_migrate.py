@@ -371,3 +371,24 @@ def test_a_text_collection_migrates_and_the_throttle_holds(tmp_path: Path, datab
             catalog.close()
 
     asyncio.run(scenario())
+
+
+def test_two_runs_at_once_share_one_shadow_and_swap_once(tmp_path: Path, database_url: str) -> None:
+    async def scenario() -> None:
+        catalog = _catalog(tmp_path, database_url, "faiss")
+        try:
+            service, ids = await _filled(catalog, 10)
+            first, second = NewModel(), NewModel()
+            reports = await asyncio.gather(
+                service.migrate("photos", first, MigrateOptions(batch=1)),
+                service.migrate("photos", second, MigrateOptions(batch=1)),
+            )
+            assert sorted(r.swapped for r in reports) == [False, True]
+            assert sum(r.embedded for r in reports) == 10  # no item embedded into the shadow twice
+            status = service.migration_status("photos")
+            assert (status.active.model, status.active.vectors, status.shadow) == ("fake-next", 10, None)
+            assert catalog.vector_count("photos") == 10
+        finally:
+            catalog.close()
+
+    asyncio.run(scenario())
