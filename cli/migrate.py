@@ -95,6 +95,7 @@ async def _migrate(settings: Any, service: Any, collection: str, model: Path, op
 
     encoder = await asyncio.to_thread(model_encoder, settings, model)
     try:
+        await asyncio.to_thread(service.check_migration, collection, encoder)  # one line, before the bar
         with rebuild_progress(collection) as update:
             return await service.migrate(collection, encoder, options, update)  # type: ignore[no-any-return]
     finally:

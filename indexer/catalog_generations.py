@@ -67,6 +67,11 @@ class CatalogGenerations:
     def begin_shadow(self, name: str, model: str, dim: int) -> Generation:
         """The collection's shadow generation for `model` (resumed, reused from the previous one, or new).
         The collection's index description must hold for `dim`-d vectors in this engine."""
+        return self.generations.begin_shadow(self.check_shadow(name, model, dim), model, dim)
+
+    def check_shadow(self, name: str, model: str, dim: int) -> CollectionState:
+        """The collection, if a shadow generation of `model` (`dim`-d) can be made: its index description
+        holds for `dim`-d vectors in this engine (`InvalidInput` otherwise)."""
         state = self.rows.collection(name)
         if dim < 1 or not model:
             raise InvalidInput("a generation needs a model id and a positive dim")
@@ -77,7 +82,7 @@ class CatalogGenerations:
                 f"collection {state.name!r} uses index {state.index!r}, which {dim}-d vectors of {model} cannot "
                 f"use: {exc.message}"
             ) from exc
-        return self.generations.begin_shadow(state, model, dim)
+        return state
 
     def shadow_missing(self, name: str, generation: Generation, limit: int) -> list[int]:
         """Up to `limit` item ids of the collection the generation has no vector for yet."""

@@ -165,10 +165,7 @@ class GenerationRows:
             }
             shadow = rows.get(SHADOW)
             if shadow is not None and (shadow.model != model or shadow.dim != dim):
-                raise MigrationRefused(
-                    f"collection {state.name!r} is migrating to {shadow.model} already; finish it (--swap) or "
-                    "drop it (--drop-shadow) before migrating to another model"
-                )
+                raise MigrationRefused(other_shadow(state.name, shadow.model))
             previous = rows.get(PREVIOUS)
             if shadow is None and previous is not None and previous.model == model and previous.dim == dim:
                 previous.role, shadow = SHADOW, previous  # back to the model before: its vectors are kept
@@ -316,4 +313,11 @@ def _nothing_to(role: str, name: str) -> str:
         return f"collection {name!r} has no previous generation to go back to or drop (none kept, or dropped)"
     return (
         f"collection {name!r} has no migration in progress (start one: cnclip migrate --collection {name} --model DIR)"
+    )
+
+
+def other_shadow(name: str, model: str) -> str:
+    return (
+        f"collection {name!r} is migrating to {model} already; finish it (--swap) or drop it (--drop-shadow) "
+        "before migrating to another model"
     )

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from indexer.errors import GenerationMoved
-from indexer.generations import PREVIOUS, SHADOW, Generation, MigrationStatus
+from indexer.errors import GenerationMoved, MigrationRefused
+from indexer.generations import PREVIOUS, SHADOW, Generation, MigrationStatus, other_shadow
 from indexer.migration import MigrateOptions, MigrateReport, MigrationJob, MigrationProgress
 from indexer.names import check_collection_name
 from retrieval.errors import EncoderUnavailable, InvalidInput
@@ -31,6 +31,8 @@ class _Service(Protocol):
     def delete_items(self, item_ids: Sequence[int], *, reason: DeleteReason = ...) -> int: ...
 
     def encoder_for(self, info: CollectionInfo | CollectionState) -> Encoder: ...
+
+    def check_migration(self, name: str, encoder: Encoder) -> CollectionState: ...
 
     @staticmethod
     def check_kind(info: CollectionState, kind: CollectionKind, action: str) -> None: ...
@@ -93,9 +95,7 @@ class MigrationCases:
     ) -> MigrateReport:
         """Re-embed the collection with `encoder`'s model into its shadow generation, then (unless
         `options.swap` is off) probe and swap; searches keep using the active generation meanwhile."""
-        state = self.catalog.collection(check_collection_name(name))
-        if same_model(state.model, encoder.model_id) and state.dim == encoder.dim:
-            raise InvalidInput(f"collection {state.name!r} is embedded with {state.model} already")
+        state = self.check_migration(name, encoder)
         if not encoder.ready:
             await encoder.start()
 
@@ -103,6 +103,18 @@ class MigrationCases:
             return self.delete_items(ids, reason="pruned")
 
         return await MigrationJob(self.catalog, prune, encoder, state.name, options, on_progress).run()
+
+    def check_migration(self: _Service, name: str, encoder: Encoder) -> CollectionState:
+        """The collection, if it can migrate to `encoder`'s model (before any progress is shown): not its
+        model already, an index the new dimension can use, no migration to another model under way."""
+        state = self.catalog.collection(check_collection_name(name))
+        if same_model(state.model, encoder.model_id) and state.dim == encoder.dim:
+            raise InvalidInput(f"collection {state.name!r} is embedded with {state.model} already")
+        self.catalog.check_shadow(state.name, encoder.model_id, encoder.dim)
+        shadow = self.catalog.generation_status(state.name).shadow
+        if shadow is not None and (shadow.model, shadow.dim) != (encoder.model_id, encoder.dim):
+            raise MigrationRefused(other_shadow(state.name, shadow.model))
+        return state
 
     def swap(self: _Service, name: str) -> CollectionState:
         """`--swap`: the shadow becomes active (refused until it covers every item)."""

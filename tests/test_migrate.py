@@ -392,3 +392,19 @@ def test_two_runs_at_once_share_one_shadow_and_swap_once(tmp_path: Path, databas
             catalog.close()
 
     asyncio.run(scenario())
+
+
+def test_cnclip_migrate_refuses_a_model_the_index_cannot_take(tmp_path: Path, toy_model_dir: Path) -> None:
+    env = cli_env(tmp_path / "data", f"sqlite:///{tmp_path / 'c.db'}", toy_model_dir)
+    write_images(tmp_path / "photos", 3)
+    indexed = invoke(["index", str(tmp_path / "photos"), "--collection", "codes", "--index", "IVF1,PQ8"], env)
+    assert indexed.exit_code == 0, indexed.output
+    odd = tmp_path / "toy12"
+    odd.mkdir()
+    write_toy_model(odd, dim=12, seed=2, name="toy12", int8=False)
+    refused = invoke(["migrate", "-c", "codes", "--model", str(odd)], env)
+    assert refused.exit_code == 1 and len(refused.output.strip().splitlines()) == 1
+    assert "uses index 'IVF1,PQ8', which 12-d vectors of toy12" in refused.output
+    same = invoke(["migrate", "-c", "codes", "--model", str(toy_model_dir)], env)
+    assert same.exit_code == 1 and "is embedded with" in same.output
+    assert json.loads(invoke(["migrate", "-c", "codes", "--status", "--json"], env).output)["shadow"] is None
