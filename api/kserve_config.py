@@ -42,7 +42,7 @@ def model_config(model: ServedModel, encoder: Any, settings: Any) -> dict[str, A
     }
     if getattr(settings, "dynamic_batching", True):
         config["dynamic_batching"] = _dynamic_batching(buckets, settings)
-    config["instance_group"] = [_instance_group(model, provider, settings)]
+    config["instance_group"] = [_instance_group(model, encoder, settings)]
     config["default_model_filename"] = ""
     config["cc_model_filenames"] = {}
     config["metric_tags"] = {}
@@ -86,9 +86,11 @@ def _dynamic_batching(buckets: list[int], settings: Any) -> dict[str, Any]:
     }
 
 
-def _instance_group(model: ServedModel, provider: str, settings: Any) -> dict[str, Any]:
-    """The encoder's streams on its provider (Triton has no NPU kind: KIND_MODEL)."""
-    kind = {"cpu": "KIND_CPU", "cuda": "KIND_GPU"}.get(provider, "KIND_MODEL")
+def _instance_group(model: ServedModel, encoder: Any, settings: Any) -> dict[str, Any]:
+    """The tower's streams on its device, of the kind its backend's record says (Triton has no NPU
+    kind: KIND_MODEL, also for a remote encoder)."""
+    plan = getattr(encoder, "plans", {}).get(model.tower)
+    kind = plan.backend.triton_kind(plan.device.name) if plan is not None else "KIND_MODEL"
     device = int(getattr(settings, "device_id", 0) or 0)
     return {
         "name": f"{model.name}_0",

@@ -34,9 +34,10 @@ class Sort(StrEnum):
 
 
 def storage_settings() -> StorageSettings:
+    from cli.errors import read_settings
     from indexer.config import StorageSettings
 
-    return StorageSettings()
+    return read_settings(StorageSettings)
 
 
 def register_db(app: typer.Typer) -> None:

@@ -29,13 +29,14 @@ def register(app: typer.Typer) -> None:
         import asyncio
 
         from api.config import Settings
+        from cli.errors import read_settings
         from cli.progress import IndexProgress
         from cli.serving import bind_listener, run_server
         from demo.gallery import IMAGE_COLLECTION, TEXT_COLLECTION, example_commands, index_demo, write_demo_files
         from retrieval.errors import CnclipError
 
         overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
-        settings = Settings(**overrides)  # type: ignore[arg-type]  # host: str, port: int
+        settings = read_settings(Settings, **overrides)
         # A busy port fails now, in one line, not after the gallery is drawn and indexed.
         listener = bind_listener(settings.host, settings.port) if serve else None
         typer.echo(f"cnclip demo: model {settings.model_dir}, data {settings.data_dir}")

@@ -10,6 +10,7 @@ server cannot use); 3 some files could not be indexed (the others were); 130 int
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -18,6 +19,7 @@ import typer
 from retrieval.errors import CnclipError
 
 F = TypeVar("F", bound=Callable[..., Any])
+S = TypeVar("S")
 
 EXIT_ERROR = 1
 EXIT_USAGE = 2  # click's own status for a bad option or argument
@@ -69,3 +71,31 @@ def friendly_errors(command: F) -> F:
             raise fail(exc) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+# pydantic-settings names the field, not the variable, when a complex value is not JSON.
+_UNPARSED_FIELD = re.compile(r'field "(?P<field>\w+)"')
+
+
+def read_settings(cls: type[S], **overrides: Any) -> S:
+    """`cls(**overrides)` over the `CNCLIP_*` environment, or exit 2 (a usage error) with one red line
+    per bad setting — whichever way pydantic fails: a value that does not validate, or a list that is
+    not JSON (pydantic-settings raises its own error for that, naming the field)."""
+    from pydantic import ValidationError
+    from pydantic_settings import SettingsError
+
+    try:
+        return cls(**overrides)
+    except ValidationError as exc:
+        for error in exc.errors():
+            name = "CNCLIP_" + "__".join(str(part) for part in error["loc"]).upper()
+            _say(name, str(error["msg"]).removeprefix("Value error, "))
+    except SettingsError as exc:
+        match = _UNPARSED_FIELD.search(str(exc))
+        name = "CNCLIP_" + match["field"].upper() if match else "a CNCLIP_* setting"
+        _say(name, "is not valid JSON (lists are written as JSON, e.g. '[1,8,16]'; see docs/settings.md)")
+    raise typer.Exit(EXIT_USAGE)
+
+
+def _say(name: str, message: str) -> None:
+    typer.secho(f"error: {name}: {message}", fg=typer.colors.RED, err=True)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from cli.errors import EXIT_ERROR, EXIT_USAGE, BadSetting, fail, friendly_errors
+from cli.errors import EXIT_ERROR, BadSetting, fail, friendly_errors
 from cli.log_setup import SERVER_FORMAT, configure_logging, uvicorn_level, verbosity_level
 from retrieval.errors import CnclipError
 
@@ -23,20 +23,11 @@ LogLevelOption = Annotated[str, typer.Option(help="uvicorn log level.")]
 
 
 def load_settings() -> Settings:
-    """`Settings()` from the environment; a bad value (an empty `CNCLIP_API_KEY`, say) is one line per
-    setting on stderr and exit status 2, not a traceback."""
-    from pydantic import ValidationError
-
+    """`Settings()` from the environment; a bad value is one line per setting and exit status 2."""
     from api.config import Settings
+    from cli.errors import read_settings
 
-    try:
-        return Settings()
-    except ValidationError as exc:
-        for error in exc.errors():
-            name = "CNCLIP_" + "__".join(str(part) for part in error["loc"]).upper()
-            message = str(error["msg"]).removeprefix("Value error, ")
-            typer.secho(f"error: {name}: {message}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(EXIT_USAGE) from None
+    return read_settings(Settings)
 
 
 def exit_on_bad_model(settings: Settings) -> None:

@@ -43,10 +43,7 @@ def register_export(app: typer.Typer) -> None:
         out: Annotated[Path, typer.Option("--out", help="Triton model repository to write.")],
         backend: Annotated[
             str,
-            typer.Option(
-                help="onnxruntime (CPU/GPU, dynamic batching), python (ONNX Runtime inside Triton's Python "
-                "backend: CPU, CUDA or CANN, dynamic batching) or npu_ge (Ascend ge-backend, static)."
-            ),
+            typer.Option(help=_backends_help()),
         ] = "onnxruntime",
         instances: Annotated[int, typer.Option(help="instance_group count: parallel instances (npu_ge: streams).")] = 1,
         max_batch: Annotated[
@@ -65,10 +62,13 @@ def register_export(app: typer.Typer) -> None:
         """Write a Triton model repository: cnclip_text, cnclip_image, a Python preprocess model and the
         cnclip_image_bytes ensemble (raw JPEG/PNG in, features out)."""
         from retrieval.errors import CnclipError
-        from retrieval.toolchain.triton.export import BACKENDS, ExportOptions, export_triton_repository
+        from retrieval.toolchain.triton.backends import triton_backend
+        from retrieval.toolchain.triton.export import ExportOptions, export_triton_repository
 
-        if backend not in BACKENDS:
-            raise typer.BadParameter(f"--backend must be one of {', '.join(BACKENDS)}, got '{backend}'")
+        try:
+            record = triton_backend(backend)
+        except ValueError as exc:
+            raise typer.BadParameter(str(exc)) from None
         options = ExportOptions(
             backend=backend,  # type: ignore[arg-type]
             instances=instances,
@@ -83,7 +83,7 @@ def register_export(app: typer.Typer) -> None:
         except CnclipError as exc:
             raise fail(exc) from None
         for model_name, batch in report.batch.items():
-            kind = "static batch" if backend == "npu_ge" else "max_batch_size"
+            kind = "max_batch_size" if record.dynamic_batching else "static batch"
             typer.echo(f"{model_name:16s}  {kind} {batch}  (from bucket graph b{report.source_bucket[model_name]})")
         typer.echo(f"wrote {', '.join(report.models)} to {report.repository}")
         typer.echo(serve_hint(backend, report.repository))
@@ -91,14 +91,16 @@ def register_export(app: typer.Typer) -> None:
 
 def serve_hint(backend: str, repository: Path) -> str:
     """How to serve a repository of `backend`: a command that works for the one the wheel can run."""
-    if backend == "python":
-        return f"serve it with: cnclip triton-server {repository}"
-    where = "NVIDIA's Triton image (nvcr.io/nvidia/tritonserver)" if backend == "onnxruntime" else "Ascend's ge-backend"
-    return (
-        f"serve it with a Triton built with {where}: tritonserver --model-repository {repository}\n"
-        "(its Python backend imports numpy and Pillow for the preprocess model; "
-        "`cnclip triton-server` serves only --backend python exports)"
-    )
+    from retrieval.toolchain.triton.backends import triton_backend
+
+    return triton_backend(backend).serve_hint.format(repository=repository)
+
+
+def _backends_help() -> str:
+    from retrieval.toolchain.triton.backends import TRITON_BACKENDS
+
+    *rest, last = (record.summary for record in TRITON_BACKENDS.values())
+    return f"{', '.join(rest)} or {last}."
 
 
 def _port(value: int, flag: str, *, off: bool) -> int:

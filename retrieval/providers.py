@@ -1,7 +1,8 @@
 """ONNX Runtime's providers and the session configuration: moved to `retrieval/backends/`.
 
 The execution backends are records in one registry now (`retrieval/backends/__init__.py`); ONNX
-Runtime's provider detection and options live in `retrieval/backends/onnxruntime.py`. This module
+Runtime's providers are records in `retrieval/backends/ort_providers.py` (names, options, detection)
+and `retrieval/backends/onnxruntime.py` chooses among them. This module
 only re-exports the names its earlier callers import (benchmarks, tests), so nothing branches here.
 """
 

@@ -296,7 +296,7 @@ def run_tune(model_dir: Path, options: TuneOptions, progress: Progress = lambda 
         raise InvalidInput("--objective must be latency or throughput")
     found, skipped = candidates(manifest, options.backends)
     progress("quality gate", 0, 1)
-    reference = Candidate(ONNXRUNTIME, "cpu", "fp32", "fp32")
+    reference = Candidate(ONNXRUNTIME, ONNXRUNTIME.host_device, "fp32", "fp32")
     gate = run_gate(manifest, found, options.cores, reference)
     ok = {(r.backend, r.precision, r.tower) for r in gate if r.passed}
     passed = {t: [c for c in cs if (c.backend.name, c.precision, t) in ok] for t, cs in found.items()}

@@ -12,6 +12,22 @@ import pytest
 from api.config import Settings
 from retrieval.toy_model import write_toy_model
 
+# The default run pairs each Milvus engine with one database, not both: the real server with
+# PostgreSQL (a deployment's pairing), Milvus Lite with SQLite (a single machine's); FAISS keeps both.
+# Every database and every engine still runs; the cross product runs in `make test-all`. It keeps the
+# default suite inside CI's time (the server tests are the slowest), and is one rule, here.
+CROSS_PRODUCT_ONLY = {("sqlite", "milvus-server"), ("postgresql", "milvus-lite")}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the database × engine pairs in `CROSS_PRODUCT_ONLY` slow (before `-m` deselects)."""
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        engine = params.get("engine", params.get("milvus_engine"))
+        if (params.get("database_url"), engine) in CROSS_PRODUCT_ONLY:
+            item.add_marker(pytest.mark.slow)
+
 
 @pytest.fixture(scope="session")
 def toy_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -1,8 +1,8 @@
 """The architecture, checked: dependencies point one way (cli → demo → api → indexer → retrieval; nothing
 imports cli), also for imports made by string (`importlib.import_module("x")`, `__import__`); serving
 never imports torch; typer and rich live in cli/ only; routes, commands, the demo and the indexing
-pipeline reach storage only through the collection service; nothing outside the engine registry
-branches on an engine's name; the runtime core of retrieval/ never imports its toolchain; modules and
+pipeline reach storage only through the collection service; nothing outside the registries
+branches on an engine's, backend's, device's or provider's name; the runtime core of retrieval/ never imports its toolchain; modules and
 functions stay short. Every rule has a test that shows its checker catching a sample."""
 
 from __future__ import annotations
@@ -193,29 +193,35 @@ def test_checker_sees_a_reach_through(tmp_path: Path) -> None:
 ENGINE_MODULES = ("indexer/engines.py", "indexer/faiss_store.py", "indexer/milvus_store.py", "indexer/milvus_plan.py")
 
 
+def name_branches(text: str, names: set[str]) -> list[tuple[int, str]]:
+    """(line, name) where source text compares a value with one of `names`, keys a dict by one or
+    matches one. A name merely written down (a label, a default, a call's argument, a `Literal`) is no branch."""
+    tree = ast.parse(text)
+
+    def named(node: ast.AST | None) -> list[str]:
+        if isinstance(node, ast.Constant):
+            return [node.value] if isinstance(node.value, str) and node.value in names else []
+        if isinstance(node, ast.Tuple | ast.List | ast.Set):
+            return [name for element in node.elts for name in named(element)]
+        return []
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            hits = [n for part in (node.left, *node.comparators) for n in named(part)]
+        elif isinstance(node, ast.Dict):
+            hits = [n for key in node.keys for n in named(key)]
+        elif isinstance(node, ast.MatchValue):
+            hits = named(node.value)
+        else:
+            continue
+        found += [(node.lineno, name) for name in hits]
+    return sorted(set(found))
+
+
 def engine_name_branches(path: Path, names: set[str]) -> list[int]:
     """Lines where a file compares a value with an engine name, keys a dict by one, or matches one."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-
-    def names_engine(node: ast.AST | None) -> bool:
-        if isinstance(node, ast.Constant):
-            return node.value in names
-        if isinstance(node, ast.Tuple | ast.List | ast.Set):
-            return any(names_engine(element) for element in node.elts)
-        return False
-
-    lines = []
-    for node in ast.walk(tree):
-        if (
-            isinstance(node, ast.Compare)
-            and any(names_engine(n) for n in (node.left, *node.comparators))
-            or isinstance(node, ast.Dict)
-            and any(names_engine(key) for key in node.keys)
-            or isinstance(node, ast.MatchValue)
-            and names_engine(node.value)
-        ):
-            lines.append(node.lineno)
-    return sorted(lines)
+    return sorted({line for line, _ in name_branches(path.read_text(encoding="utf-8"), names)})
 
 
 def test_nothing_outside_the_registry_branches_on_an_engine_name() -> None:
@@ -239,6 +245,105 @@ def test_checker_sees_a_branch_on_an_engine_name(tmp_path: Path) -> None:
         "label = 'milvus'  # a string is not a branch\n"
     )
     assert engine_name_branches(sample, {"faiss", "milvus"}) == [1, 3, 4, 6]
+
+
+# --- engines, backends, devices and providers are chosen in their registries only --------------------------
+# The registries and their records' own modules may name what they register: indexer/engines.py and the
+# engine modules, retrieval/backends/ (the runtime backends and ONNX Runtime's providers) and the Triton
+# export backends. Everything else asks a record (`record.on_host`, `backend.triton_kind(device)`, …).
+REGISTRY_MODULES = (*ENGINE_MODULES, "retrieval/backends/", "retrieval/toolchain/triton/backends.py")
+SCANNED = ("api", "benchmarks", "cli", "demo", "indexer", "migrations", "retrieval")
+# Words spelled like a registered name that are not a choice of engine, backend or provider (file, name).
+NOT_A_BRANCH = {
+    ("retrieval/tuning.py", "cpu"): "the tuning fingerprint's key for the host CPU's model name",
+    ("benchmarks/bench_convert.py", "onnxruntime"): "the report's key for ONNX Runtime's version",
+    ("benchmarks/bench_engines.py", "faiss"): "the benchmark's own matrix (faiss, milvus-lite, milvus-server)",
+    ("benchmarks/bench_engines.py", "milvus"): "the same matrix: it builds each engine it compares itself",
+    ("benchmarks/load_test.py", "faiss"): "a load-test mode that searches a bare FAISS index",
+}
+# Not checked here, on purpose: the settings' pydantic `Literal` choices (CNCLIP_PROVIDER, CNCLIP_BACKEND)
+# and export.py's `Backend` are declarations for the settings table and type checkers, not branches;
+# `test_declared_choices_are_the_registries` holds each equal to its registry instead.
+
+
+def registered_names() -> set[str]:
+    """Every name a registry holds: engines, runtime backends and their devices, ONNX Runtime's providers
+    (our names and its own), Triton export backends. A record added to a registry is checked at once."""
+    from indexer.engines import ENGINES
+    from retrieval.backends import BACKENDS
+    from retrieval.backends.ort_providers import PROVIDERS
+    from retrieval.toolchain.triton.backends import TRITON_BACKENDS
+
+    names = set(ENGINES) | {b.name for b in BACKENDS} | {d for b in BACKENDS for d in b.devices}
+    return names | set(PROVIDERS) | {p.ort_name for p in PROVIDERS.values()} | set(TRITON_BACKENDS)
+
+
+def registry_name_offenders(files: list[tuple[str, str]], names: set[str]) -> list[str]:
+    """`file: line name` for each branch on a registered name in (relative path, text) outside the
+    registries and `NOT_A_BRANCH`."""
+    return [
+        f"{rel}: line {line} {name!r}"
+        for rel, text in files
+        if not rel.startswith(REGISTRY_MODULES)
+        for line, name in name_branches(text, names)
+        if (rel, name) not in NOT_A_BRANCH
+    ]
+
+
+def test_nothing_outside_the_registries_branches_on_an_engine_backend_or_provider_name() -> None:
+    files = [(_rel(path), path.read_text(encoding="utf-8")) for path in _python_files(*SCANNED)]
+    names = registered_names()
+    offenders = registry_name_offenders(files, names)
+    assert not offenders, "chosen by name outside the registries (ask the record):\n" + "\n".join(offenders)
+    # Every exception is still needed: a stale entry would hide the next real branch in that file.
+    used = {(rel, name) for rel, text in files for _, name in name_branches(text, names)}
+    assert set(NOT_A_BRANCH) <= used, f"stale NOT_A_BRANCH entries: {sorted(set(NOT_A_BRANCH) - used)}"
+
+
+def test_checker_sees_a_branch_on_a_backend_or_provider_name() -> None:
+    planted = (
+        "if config.provider == 'cuda':\n    pass\n"
+        "kind = {'cpu': 'KIND_CPU'}.get(provider, 'KIND_MODEL')\n"
+        "match backend:\n    case 'openvino':\n        pass\n"
+        "gpu = name in ('CUDAExecutionProvider', 'other')\n"
+        "static = options.backend != 'npu_ge'\n"
+        "label = 'cuda'  # a name written down is not a branch\n"
+        "choices = Literal['cpu', 'cuda']  # a declaration\n"
+        "session = open(providers=['CPUExecutionProvider'])  # an argument\n"
+    )
+    names = registered_names()
+    assert name_branches(planted, names) == [
+        (1, "cuda"), (3, "cpu"), (5, "openvino"), (7, "CUDAExecutionProvider"), (8, "npu_ge"),
+    ]  # fmt: skip
+    assert registry_name_offenders([("api/planted.py", planted)], names) == [
+        "api/planted.py: line 1 'cuda'",
+        "api/planted.py: line 3 'cpu'",
+        "api/planted.py: line 5 'openvino'",
+        "api/planted.py: line 7 'CUDAExecutionProvider'",
+        "api/planted.py: line 8 'npu_ge'",
+    ]
+    # The same text inside a registry is the registry's business; an exception covers its own file only.
+    assert registry_name_offenders([("retrieval/backends/new.py", planted)], names) == []
+    assert registry_name_offenders([("retrieval/tuning.py", "x = {'cpu': 1}\n")], names) == []
+    assert registry_name_offenders([("retrieval/other.py", "x = {'cpu': 1}\n")], names) == [
+        "retrieval/other.py: line 1 'cpu'"
+    ]
+
+
+def test_declared_choices_are_the_registries() -> None:
+    """The settings' `Literal` choices and export.py's `Backend` list exactly what the registries hold."""
+    from typing import get_args
+
+    from retrieval.backends import BACKENDS
+    from retrieval.backends.ort_providers import PROVIDERS
+    from retrieval.config import RuntimeSettings
+    from retrieval.toolchain.triton.backends import TRITON_BACKENDS
+    from retrieval.toolchain.triton.export import Backend
+
+    fields = RuntimeSettings.model_fields
+    assert get_args(fields["provider"].annotation) == ("auto", *PROVIDERS)
+    assert get_args(fields["backend"].annotation) == ("auto", *(b.name for b in BACKENDS))
+    assert get_args(Backend) == tuple(TRITON_BACKENDS)
 
 
 # --- the runtime core apart from the toolchain ---------------------------------------------------------------

@@ -103,16 +103,19 @@ def test_the_malformed_corpus_is_refused_with_the_typed_error_only() -> None:
 
 def test_every_bound_the_grammar_accepts_builds_trains_and_searches_in_faiss() -> None:
     """The bounds are safe: FAISS builds each extreme the grammar lets through (a crash here kills
-    the test run, which is the point), and the cheap ones train and find a vector."""
-    sample = random_unit(1024, DIM)
+    the test run, which is the point), and the cheap ones train and find a vector through the
+    project's own build (its sample and FAISS options)."""
+    vectors = random_unit(320, DIM)  # 256 points for an 8-bit PQ codebook; the build wants 39 per IVF list
+    ids = np.arange(len(vectors), dtype=np.int64)
     for text, spec, _ in SUPPORTED:
-        index = faiss.index_factory(DIM, spec.description, faiss.METRIC_INNER_PRODUCT)
+        faiss.index_factory(DIM, spec.description, faiss.METRIC_INNER_PRODUCT)
         if spec.lists > 8 or (spec.kind == "ivf_pq" and spec.bits * spec.parts > 64):
             continue  # built; training 65536 lists or 32 codebooks of 256 would take minutes
-        if not index.is_trained:
-            index.train(sample)
-        index.add(sample[:200])
-        assert index.search(sample[:1], 1)[1][0][0] >= 0, text
+        index = VectorIndex(DIM, text, "m", SearchTuning(train_min=1, nprobe=8))
+        trained = index.build(ids, lambda wanted: vectors[wanted])
+        assert trained.active_spec == spec and trained.ntotal == len(ids), text
+        found, _scores = trained.search(vectors[7], 1, lambda wanted: vectors[wanted])
+        assert found[0] >= 0, text
 
 
 def test_faiss_only_sees_the_rerendered_description(monkeypatch: pytest.MonkeyPatch) -> None:

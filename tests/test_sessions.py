@@ -30,9 +30,9 @@ NO = lambda: Detection(False, "nothing there")  # noqa: E731
 
 
 def test_auto_prefers_npu_then_gpu_then_cpu() -> None:
-    assert choose_provider("auto", ALL_BUILD, ascend=YES, cuda=YES).name == "cann"
-    assert choose_provider("auto", ALL_BUILD, ascend=NO, cuda=YES).name == "cuda"
-    choice = choose_provider("auto", ALL_BUILD, ascend=NO, cuda=NO)
+    assert choose_provider("auto", ALL_BUILD, cann=YES, cuda=YES).name == "cann"
+    assert choose_provider("auto", ALL_BUILD, cann=NO, cuda=YES).name == "cuda"
+    choice = choose_provider("auto", ALL_BUILD, cann=NO, cuda=NO)
     assert choice.name == "cpu" and "nothing there" in choice.reason
 
 
@@ -43,25 +43,25 @@ def test_auto_never_asks_for_a_provider_the_build_lacks() -> None:
         asked.append("ascend")
         return Detection(True, "npu")
 
-    choice = choose_provider("auto", CUDA_BUILD, ascend=ascend, cuda=NO)
+    choice = choose_provider("auto", CUDA_BUILD, cann=ascend, cuda=NO)
     assert choice.name == "cpu" and asked == []
     assert "no CANNExecutionProvider" in choice.reason
 
 
 def test_cann_build_without_toolkit_falls_back_to_cpu_with_reason() -> None:
     # The situation of this machine: onnxruntime-cann lists CANN, but there is no toolkit or device.
-    choice = choose_provider("auto", CANN_BUILD, ascend=NO, cuda=YES)
+    choice = choose_provider("auto", CANN_BUILD, cann=NO, cuda=YES)
     assert choice.name == "cpu"
     assert "nothing there" in choice.reason and "no CUDAExecutionProvider" in choice.reason
 
 
 def test_explicit_provider_that_cannot_work_is_an_error() -> None:
     with pytest.raises(EncoderUnavailable, match="nothing there"):
-        choose_provider("cann", CANN_BUILD, ascend=NO, cuda=NO)
+        choose_provider("cann", CANN_BUILD, cann=NO, cuda=NO)
     with pytest.raises(EncoderUnavailable, match="no CUDAExecutionProvider"):
-        choose_provider("cuda", CANN_BUILD, ascend=YES, cuda=YES)
-    assert choose_provider("cann", CANN_BUILD, ascend=YES, cuda=NO).name == "cann"
-    assert choose_provider("cpu", CANN_BUILD, ascend=YES, cuda=YES).name == "cpu"
+        choose_provider("cuda", CANN_BUILD, cann=YES, cuda=YES)
+    assert choose_provider("cann", CANN_BUILD, cann=YES, cuda=NO).name == "cann"
+    assert choose_provider("cpu", CANN_BUILD, cann=YES, cuda=YES).name == "cpu"
 
 
 def test_detect_ascend_needs_library_and_device(tmp_path: Path) -> None:

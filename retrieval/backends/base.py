@@ -26,18 +26,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
+# Defined in the stdlib-only provider registry (a Triton model loads that file on its own); shared by all.
+from retrieval.backends.ort_providers import Detection as Detection
+
 if TYPE_CHECKING:
     from retrieval.shared_weights import SharedWeights
 
 RUN_PRECISIONS = ("fp32", "fp16", "bf16", "int8")
-
-
-@dataclass(frozen=True)
-class Detection:
-    """The outcome of looking for one kind of engine or accelerator, with the reason in words."""
-
-    found: bool
-    reason: str
 
 
 @dataclass(frozen=True)
@@ -73,7 +68,7 @@ class SessionConfig:
         return dataclasses.replace(self, weights=None)
 
     # ONNX Runtime's constructor arguments; kept here for the callers that build ORT sessions directly.
-    def providers(self) -> list[tuple[str, dict[str, Any]] | str]:
+    def providers(self) -> list[tuple[str, dict[str, str]] | str]:
         """The `providers=` argument for `ort.InferenceSession`, accelerator first, CPU as fallback."""
         from retrieval.backends.onnxruntime import ort_providers
 
@@ -113,7 +108,11 @@ class Backend:
     - `version()`: the engine's version for the tuning fingerprint (None when absent);
     - `errors()`: the engine's own exception types (a warm-up failure is reported, not a crash);
     - `variants`: the graph variants it can open at all (what `cnclip tune` and the gate look for);
-    - `device_setting`: the `RuntimeSettings` field that names its device (`provider`, `openvino_device`).
+    - `device_setting`: the `RuntimeSettings` field that names its device (`provider`, `openvino_device`);
+    - `devices`: the device kinds it knows (ONNX Runtime: its providers; OpenVINO: CPU, GPU, NPU);
+    - `host_device`: the device that is always there, the host CPU (the quality gate's reference runs on it);
+    - `triton_kind(device)`: Triton's instance kind for a device (`KIND_CPU`, `KIND_GPU`; `KIND_MODEL`
+      where Triton has none), for the `/v2` model configuration.
     """
 
     name: str
@@ -128,6 +127,9 @@ class Backend:
     version: Callable[[], str | None]
     errors: Callable[[], tuple[type[BaseException], ...]]
     variants: tuple[str, ...]
+    devices: tuple[str, ...]
+    host_device: str
+    triton_kind: Callable[[str], str]
 
 
 def cpu_thread_plan(streams: int, threads_per_stream: int, cores: int | None = None) -> list[list[int]]:

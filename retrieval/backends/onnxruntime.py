@@ -1,5 +1,8 @@
 """ONNX Runtime as a backend: its execution providers (CANN, CUDA, CPU), session options, sessions.
 
+The providers are records in `retrieval/backends/ort_providers.py` (names, options, detection, the
+order of precisions); this module chooses one and opens sessions with it, and never names one.
+
 The hardware is detected *before* ONNX Runtime is asked: `onnxruntime-cann` always lists
 `CANNExecutionProvider`, and creating a session with it on a host without the CANN toolkit prints
 an EP error and falls back silently. So `auto` checks for the toolkit and a visible device
@@ -12,28 +15,26 @@ it runs calibrated static int8 (`int8-qdq`) slower than dynamic int8, so it offe
 
 from __future__ import annotations
 
-import ctypes.util
-import glob
 import logging
-import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from retrieval.backends.base import Backend, Detection, DeviceChoice, SessionConfig
+from retrieval.backends.ort_providers import ASCEND_DEFAULT_HOME as ASCEND_DEFAULT_HOME
+from retrieval.backends.ort_providers import HOST, PROVIDERS, OrtProvider, accelerators, provider_named, setting_choices
+from retrieval.backends.ort_providers import detect_ascend as detect_ascend
+from retrieval.backends.ort_providers import detect_cuda as detect_cuda
 from retrieval.errors import EncoderUnavailable, ModelError
 
 log = logging.getLogger(__name__)
 # OrtSession's warnings keep the logger they had before the move (operators filter on it).
 session_log = logging.getLogger("retrieval.sessions")
 
-ORT_PROVIDER = {"cann": "CANNExecutionProvider", "cuda": "CUDAExecutionProvider", "cpu": "CPUExecutionProvider"}
-ASCEND_DEFAULT_HOME = Path("/usr/local/Ascend")
-ACCELERATORS = ("cann", "cuda")
-# Order of preference of `auto` per device kind: NPU/GPU compute fp16 natively; the CPU runs int8 fastest.
-PREFERENCE = {"accelerator": ("fp16", "fp32", "int8"), "cpu": ("int8", "fp32", "fp16")}
+# CNCLIP_PROVIDER value -> ONNX Runtime's provider name (from the registry, for earlier callers).
+ORT_PROVIDER = {record.name: record.ort_name for record in PROVIDERS.values()}
 
 
 # Kept as ProviderChoice for the callers of retrieval.providers; it is this backend's DeviceChoice.
@@ -46,80 +47,50 @@ def _ort_available() -> list[str]:
     return list(ort.get_available_providers())
 
 
-def detect_ascend(environ: Mapping[str, str] | None = None, devices: Sequence[str] | None = None) -> Detection:
-    """An Ascend NPU is usable when the CANN runtime library and a /dev/davinciN device are both present."""
-    # CANN's own set_env.sh exports ASCEND_HOME_PATH; it is not one of our settings, so read it here.
-    env = os.environ if environ is None else environ
-    homes = [Path(p) for p in (env.get("ASCEND_HOME_PATH"), env.get("ASCEND_TOOLKIT_HOME")) if p]
-    homes.append(ASCEND_DEFAULT_HOME)
-    library = next(
-        (
-            lib
-            for home in homes
-            for lib in (
-                home / "lib64" / "libascendcl.so",
-                home / "latest" / "lib64" / "libascendcl.so",
-                home / "ascend-toolkit" / "latest" / "lib64" / "libascendcl.so",
-            )
-            if lib.is_file()
-        ),
-        None,
-    )
-    if library is None:
-        return Detection(False, "no CANN toolkit (libascendcl.so not under ASCEND_HOME_PATH or /usr/local/Ascend)")
-    found_devices = sorted(glob.glob("/dev/davinci[0-9]*") if devices is None else devices)
-    if not found_devices:
-        return Detection(False, f"CANN toolkit at {library.parent.parent} but no /dev/davinciN device is visible")
-    return Detection(True, f"CANN toolkit at {library.parent.parent} and {len(found_devices)} NPU device(s)")
-
-
-def detect_cuda(devices: Sequence[str] | None = None, libcuda: str | None | bool = False) -> Detection:
-    """A CUDA GPU is usable when the driver library and a /dev/nvidiaN device are both present."""
-    library = ctypes.util.find_library("cuda") if libcuda is False else libcuda
-    if not library:
-        return Detection(False, "no CUDA driver (libcuda not found)")
-    found_devices = sorted(glob.glob("/dev/nvidia[0-9]*") if devices is None else devices)
-    if not found_devices:
-        return Detection(False, "CUDA driver present but no /dev/nvidiaN device is visible")
-    return Detection(True, f"CUDA driver and {len(found_devices)} GPU device(s)")
+def _provider(name: str) -> OrtProvider:
+    """The registry's record for `name`; an unknown name is a `ModelError` listing the known ones."""
+    try:
+        return provider_named(name)
+    except ValueError as exc:
+        raise ModelError(str(exc)) from None
 
 
 def choose_provider(
-    requested: str,
-    available: Callable[[], list[str]] = _ort_available,
-    ascend: Callable[[], Detection] = detect_ascend,
-    cuda: Callable[[], Detection] = detect_cuda,
+    requested: str, available: Callable[[], list[str]] = _ort_available, **detect: Callable[[], Detection]
 ) -> ProviderChoice:
-    """Resolve `auto|cann|cuda|cpu` to one provider; an explicit choice that cannot work is an error."""
+    """Resolve `auto` or a provider's name to one provider; an explicit choice that cannot work is an error.
+
+    `detect` replaces a provider's own hardware detection, by provider name (tests: `cann=lambda: …`)."""
+    if requested != "auto" and requested not in PROVIDERS:
+        raise ModelError(f"unknown provider {requested!r}; use {setting_choices()}")
     ort_providers = available()
-    if requested == "cpu":
-        return ProviderChoice("cpu", "CNCLIP_PROVIDER=cpu")
-    if requested in ACCELERATORS:
-        if ORT_PROVIDER[requested] not in ort_providers:
+    if requested != "auto":
+        record = PROVIDERS[requested]
+        if record.on_host:
+            return ProviderChoice(record.name, f"CNCLIP_PROVIDER={requested}")
+        if record.ort_name not in ort_providers:
             raise EncoderUnavailable(
-                f"CNCLIP_PROVIDER={requested} but this onnxruntime build has no {ORT_PROVIDER[requested]} "
+                f"CNCLIP_PROVIDER={requested} but this onnxruntime build has no {record.ort_name} "
                 f"(it has {', '.join(ort_providers)})"
             )
-        found = (ascend if requested == "cann" else cuda)()
+        found = detect.get(record.name, record.detect)()
         if not found.found:
             raise EncoderUnavailable(f"CNCLIP_PROVIDER={requested} but {found.reason}")
         return ProviderChoice(requested, f"CNCLIP_PROVIDER={requested}: {found.reason}")
-    if requested != "auto":
-        raise ModelError(f"unknown provider {requested!r}; use auto, cann, cuda or cpu")
     reasons = []
-    for name, detect in (("cann", ascend), ("cuda", cuda)):
-        if ORT_PROVIDER[name] not in ort_providers:
-            reasons.append(f"onnxruntime has no {ORT_PROVIDER[name]}")
+    for record in accelerators():
+        if record.ort_name not in ort_providers:
+            reasons.append(f"onnxruntime has no {record.ort_name}")
             continue
-        found = detect()
+        found = detect.get(record.name, record.detect)()
         if found.found:
-            return ProviderChoice(name, f"auto: {found.reason}")
+            return ProviderChoice(record.name, f"auto: {found.reason}")
         reasons.append(found.reason)
-    return ProviderChoice("cpu", "auto: " + "; ".join(reasons))
+    return ProviderChoice(HOST.name, "auto: " + "; ".join(reasons))
 
 
 def _preference(provider: str) -> tuple[str, ...]:
-    return PREFERENCE["accelerator" if provider in ACCELERATORS else "cpu"]
+    return _provider(provider).precisions
 
 
 def choose_precision(provider: str, requested: str, available: Sequence[str]) -> str:
@@ -149,25 +120,14 @@ def weight_sharing(provider: str, enabled: bool) -> tuple[bool, str]:
     those providers is a path this project cannot test; they keep ONNX Runtime's default."""
     if not enabled:
         return False, "not shared (CNCLIP_SHARE_WEIGHTS=false): each bucket session has its own prepacked copy"
-    if provider != "cpu":
+    if not _provider(provider).on_host:
         return False, f"not shared on {provider}: each session keeps its own copy in device memory"
     return True, "one copy per tower and precision, mapped from its data file (prepacking and per-session arenas off)"
 
 
-def ort_providers(config: SessionConfig) -> list[tuple[str, dict[str, Any]] | str]:
+def ort_providers(config: SessionConfig) -> list[tuple[str, dict[str, str]] | str]:
     """The `providers=` argument for `ort.InferenceSession`, accelerator first, CPU as fallback."""
-    if config.provider == "cann":
-        options = {
-            "device_id": str(config.device_id),
-            # One static model per input shape, compiled once at warm-up: why buckets are fixed.
-            "enable_cann_graph": "1",
-            # CANN defaults to force_fp16; keep each graph's own dtypes (fp32 stays fp32, fp16 is fp16).
-            "precision_mode": "must_keep_origin_dtype",
-        }
-        return [("CANNExecutionProvider", options), "CPUExecutionProvider"]
-    if config.provider == "cuda":
-        return [("CUDAExecutionProvider", {"device_id": str(config.device_id)}), "CPUExecutionProvider"]
-    return ["CPUExecutionProvider"]
+    return _provider(config.provider).session_providers(config.device_id)
 
 
 def ort_session_options(config: SessionConfig) -> Any:
@@ -179,7 +139,7 @@ def ort_session_options(config: SessionConfig) -> Any:
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
     options.inter_op_num_threads = 1
     options.log_severity_level = 3  # ORT's warnings about unused initializers are noise here
-    if config.provider == "cpu" and config.cores:
+    if _provider(config.provider).on_host and config.cores:
         options.intra_op_num_threads = len(config.cores)
         if not config.spin:
             # Several streams share the cores: spinning workers would steal them from each other.
@@ -287,10 +247,13 @@ ONNXRUNTIME = Backend(
     detect=_detect,
     choose_device=lambda requested: choose_provider(requested),
     precisions=run_precisions,
-    shares_weights=lambda provider: provider == "cpu",
-    uses_cpu_cores=lambda provider: provider == "cpu",
+    shares_weights=lambda provider: _provider(provider).on_host,
+    uses_cpu_cores=lambda provider: _provider(provider).on_host,
     open_session=OrtSession,
     version=_version,
     errors=ort_errors,
     variants=("fp32", "fp16", "int8"),
+    devices=tuple(PROVIDERS),
+    host_device=HOST.name,
+    triton_kind=lambda provider: _provider(provider).triton_kind,
 )

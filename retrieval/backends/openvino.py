@@ -24,11 +24,13 @@ from typing import Any
 import numpy as np
 
 from retrieval.backends.base import Backend, Detection, DeviceChoice, SessionConfig
+from retrieval.backends.ort_providers import KIND_MODEL
 from retrieval.errors import EncoderUnavailable, ModelError
 
 log = logging.getLogger(__name__)
 
 DEVICES = ("CPU", "GPU", "NPU")
+HOST_DEVICE = DEVICES[0]
 # The element type OpenVINO is told to compute in, per run precision (int8: the float parts stay f32).
 HINTS = {"fp32": "f32", "int8": "f32", "bf16": "bf16", "fp16": "f16"}
 
@@ -71,9 +73,9 @@ def choose_device(requested: str) -> DeviceChoice:
         raise EncoderUnavailable(f"CNCLIP_BACKEND=openvino but {found.reason}")
     available = list(_core().available_devices)
     if requested.lower() == "auto":
-        others = [d for d in available if _device_kind(d) != "CPU"]
+        others = [d for d in available if _device_kind(d) != HOST_DEVICE]
         seen = f"; also present: {', '.join(others)} (CNCLIP_OPENVINO_DEVICE picks one)" if others else ""
-        return DeviceChoice("CPU", f"auto: the CPU{seen}")
+        return DeviceChoice(HOST_DEVICE, f"auto: the CPU{seen}")
     wanted = requested.upper()
     if _device_kind(wanted) not in DEVICES or wanted not in available:
         raise EncoderUnavailable(
@@ -102,10 +104,10 @@ def run_precisions(device: str, graphs: Sequence[str]) -> dict[str, str]:
     if "int8-qdq" in graphs and "INT8" in native:
         offered["int8"] = "int8-qdq"
     if "fp32" in graphs:
-        if "FP16" in native and _device_kind(device) != "CPU":
+        if "FP16" in native and _device_kind(device) != HOST_DEVICE:
             offered["fp16"] = "fp32"
         offered["fp32"] = "fp32"
-        if "BF16" in native and _device_kind(device) == "CPU":
+        if "BF16" in native and _device_kind(device) == HOST_DEVICE:
             offered["bf16"] = "fp32"
     return offered
 
@@ -118,7 +120,7 @@ def compile_properties(config: SessionConfig) -> dict[str, Any]:
         "PERFORMANCE_HINT": "LATENCY",
         "NUM_STREAMS": 1,  # our streams are separate compiled models, each driven by its own thread
     }
-    if _device_kind(config.provider) == "CPU":
+    if _device_kind(config.provider) == HOST_DEVICE:
         if config.cores:
             properties["INFERENCE_NUM_THREADS"] = len(config.cores)
         properties["ENABLE_CPU_PINNING"] = bool(config.pin_threads)
@@ -157,9 +159,13 @@ OPENVINO = Backend(
     choose_device=choose_device,
     precisions=run_precisions,
     shares_weights=lambda device: False,
-    uses_cpu_cores=lambda device: _device_kind(device) == "CPU",
+    uses_cpu_cores=lambda device: _device_kind(device) == HOST_DEVICE,
     open_session=OpenVinoSession,
     version=_version,
     errors=lambda: (RuntimeError,),
     variants=("fp32", "int8-qdq"),
+    devices=DEVICES,
+    host_device=HOST_DEVICE,
+    # Its CPU is Triton's KIND_CPU; Triton's KIND_GPU means a CUDA GPU, so OpenVINO's GPU/NPU are KIND_MODEL.
+    triton_kind=lambda device: "KIND_CPU" if _device_kind(device) == HOST_DEVICE else KIND_MODEL,
 )

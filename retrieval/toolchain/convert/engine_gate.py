@@ -31,7 +31,7 @@ def gate_engines(
     """Run the gate, record it, drop refused int8-qdq graphs; returns the saved manifest."""
     progress("quality gate: every engine × precision")
     found, skipped = candidates(manifest, ())
-    reference = Candidate(DEFAULT_BACKEND, "cpu", "fp32", "fp32")
+    reference = Candidate(DEFAULT_BACKEND, DEFAULT_BACKEND.host_device, "fp32", "fp32")
     results = run_gate(manifest, found, sorted(os.sched_getaffinity(0)), reference)
     report.notes += [f"gate: {r.line()}" for r in results] + [f"gate skipped {s}" for s in skipped]
     by_graph: dict[tuple[str, str], list[GateResult]] = {}

@@ -11,12 +11,13 @@ The model and tensor names are the ones our own `/v2` endpoint serves, so the re
 (`CNCLIP_ENCODER=triton://…`) works against either (Triton's batching ensemble takes files as
 `[n, 1]`, ours as `[n]`; the encoder reads the shape from the metadata).
 
-Backends:
+Backends (records in backends.py, which says what each writes):
 - `onnxruntime`: one batch-dynamic graph per tower (the bucket graphs with their batch dimension
   relaxed, checked numerically against the bucket graph), `max_batch_size` and Triton's
   `dynamic_batching` with our buckets as preferred sizes.
 - `python`: the same batch-dynamic graphs and batching, run by a Python-backend model
-  (`retrieval/toolchain/triton/onnx_model.py`, copied as `1/model.py`) with ONNX Runtime: CPU, CUDA or CANN,
+  (`retrieval/toolchain/triton/onnx_model.py`, copied as `1/model.py`, with the provider registry
+  `retrieval/backends/ort_providers.py` beside it) with ONNX Runtime: CPU, CUDA or CANN,
   whatever the onnxruntime in Triton's Python environment has. For a Triton without the onnxruntime
   backend (the `nvidia-pytriton` build the tests run, or an Ascend host where that backend has no
   CANN build). Float inputs are FP32 in the config and cast to the graph's type inside.
@@ -38,11 +39,13 @@ import onnx
 
 from retrieval.errors import InvalidInput, ModelError
 from retrieval.manifest import ModelManifest
+from retrieval.toolchain.triton.backends import TRITON_BACKENDS, TritonBackend, triton_backend
 from retrieval.toolchain.triton.graphs import dynamic_batch_graph, load_graph, rename_io
 from retrieval.triton_names import IMAGE_BYTES_MODEL, IMAGE_MODEL, TEXT_MODEL, text_model
 
+# A declaration for type checkers; the records are in backends.py (a test holds the two equal).
 Backend = Literal["onnxruntime", "python", "npu_ge"]
-BACKENDS: tuple[str, ...] = ("onnxruntime", "python", "npu_ge")
+BACKENDS: tuple[str, ...] = tuple(TRITON_BACKENDS)
 PREPROCESS_MODEL, ENSEMBLE_MODEL = "preprocess", IMAGE_BYTES_MODEL
 # Tower → (Triton model, input tensor, output tensor): the names our /v2 endpoint serves.
 TOWER_MODELS = {"text": (TEXT_MODEL, "text", "text_features"), "image": (IMAGE_MODEL, "image", "image_features")}
@@ -53,7 +56,6 @@ _TRITON_TYPES = {
     onnx.TensorProto.INT32: "TYPE_INT32",
 }
 PREPROCESS_SOURCE = Path(__file__).with_name("preprocess.py")
-TOWER_SOURCE = Path(__file__).with_name("onnx_model.py")  # the python backend's tower model
 
 
 @dataclass(frozen=True)
@@ -123,12 +125,12 @@ def _parameters(values: dict[str, str]) -> list[dict[str, Any]]:
 # --- configs ------------------------------------------------------------------------------------------
 
 
-def _instance_group(options: ExportOptions, kind_default: str | None) -> list[dict[str, Any]]:
+def _instance_group(options: ExportOptions, record: TritonBackend) -> list[dict[str, Any]]:
     group: dict[str, Any] = {"count": options.instances}
-    if options.backend == "onnxruntime" and options.device_ids:
+    if record.device_ids_as_gpus and options.device_ids:
         group.update(kind=Symbol("KIND_GPU"), gpus=list(options.device_ids))
-    elif kind_default is not None:
-        group["kind"] = Symbol(kind_default)
+    elif record.instance_kind is not None:
+        group["kind"] = Symbol(record.instance_kind)
     return [group]
 
 
@@ -136,44 +138,31 @@ def _tower_config(
     name: str, input_name: str, input_type: str, input_dims: list[int], output_name: str, dim: int,
     options: ExportOptions, batch: int, buckets: list[int],
 ) -> dict[str, Any]:  # fmt: skip
-    config: dict[str, Any] = {"name": name, "backend": options.backend}
-    if options.backend in ("onnxruntime", "python"):
+    record = triton_backend(options.backend)
+    config: dict[str, Any] = {"name": name, "backend": record.name}
+    if record.dynamic_batching:
         config["max_batch_size"] = batch
         config["input"] = [{"name": input_name, "data_type": Symbol(input_type), "dims": input_dims}]
         config["output"] = [{"name": output_name, "data_type": Symbol("TYPE_FP32"), "dims": [dim]}]
-        if options.backend == "onnxruntime":
-            config["instance_group"] = _instance_group(options, None)  # KIND_AUTO: the GPUs when there are any
-        else:
-            # The model picks its provider itself (see onnx_model.py); Triton has no NPU kind.
-            config["instance_group"] = [{"count": options.instances, "kind": Symbol("KIND_CPU")}]
+    else:  # a static graph: one fixed batch, so full shapes and no Triton batching at all
+        config["max_batch_size"] = 0
+        config["input"] = [{"name": input_name, "data_type": Symbol(input_type), "dims": [batch, *input_dims]}]
+        config["output"] = [{"name": output_name, "data_type": Symbol("TYPE_FP32"), "dims": [batch, dim]}]
+    config["instance_group"] = _instance_group(options, record)
+    if record.dynamic_batching:
         config["dynamic_batching"] = {
             "preferred_batch_size": [b for b in buckets if 1 < b <= batch] or [batch],
             "max_queue_delay_microseconds": options.queue_delay_us,
         }
-        if options.backend == "python":
-            params = {"provider": "auto", "intra_op_threads": "0"}
-            if options.device_ids:
-                params["device_ids"] = ",".join(map(str, options.device_ids))
-            config["parameters"] = _parameters(params)
-        return config
-    # npu_ge with static_model: one fixed batch, so full shapes and no Triton batching at all.
-    config["max_batch_size"] = 0
-    config["input"] = [{"name": input_name, "data_type": Symbol(input_type), "dims": [batch, *input_dims]}]
-    config["output"] = [{"name": output_name, "data_type": Symbol("TYPE_FP32"), "dims": [batch, dim]}]
-    # Triton has no NPU kind: the ge-backend places its instances (streams) on `device_ids` itself.
-    config["instance_group"] = _instance_group(options, "KIND_CPU")
-    params = {"static_model": "true"}
-    if options.aicore:
-        params["ge.aicoreNum"] = options.aicore
-    if options.device_ids:
-        params["device_ids"] = ",".join(map(str, options.device_ids))
-    config["parameters"] = _parameters(params)
+    params = record.parameters(options.device_ids, options.aicore)
+    if params:
+        config["parameters"] = _parameters(params)
     return config
 
 
 def _batching(options: ExportOptions) -> bool:
-    """Whether the image pipeline batches in Triton: yes for onnxruntime and python; a static npu_ge graph cannot."""
-    return options.backend in ("onnxruntime", "python")
+    """Whether the image pipeline batches in Triton: yes where the towers do; a static graph cannot."""
+    return triton_backend(options.backend).dynamic_batching
 
 
 def _preprocess_config(manifest: ModelManifest, options: ExportOptions, batch: int) -> dict[str, Any]:
@@ -238,20 +227,24 @@ def _ensemble_config(manifest: ModelManifest, options: ExportOptions, batch: int
 
 
 def _check_options(manifest: ModelManifest, options: ExportOptions) -> str:
-    if options.backend not in BACKENDS:
-        raise InvalidInput(f"--backend must be one of {', '.join(BACKENDS)}, got '{options.backend}'")
+    try:
+        record = triton_backend(options.backend)
+    except ValueError as exc:
+        raise InvalidInput(str(exc)) from None
     if options.instances < 1:
         raise InvalidInput("--instances must be at least 1")
     if options.aicore is not None:
-        if options.backend != "npu_ge":
-            raise InvalidInput("--aicore only applies to --backend npu_ge (Ascend ge-backend core locking)")
+        if not record.takes_aicore:
+            takes = ", ".join(r.name for r in TRITON_BACKENDS.values() if r.takes_aicore)
+            raise InvalidInput(f"--aicore only applies to --backend {takes} (Ascend ge-backend core locking)")
         parts = options.aicore.split("|")
         if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
             raise InvalidInput(f"--aicore takes 'cube|vector' core counts such as 12|10, got '{options.aicore}'")
     if options.max_batch is not None and options.max_batch < 1:
         raise InvalidInput("--max-batch must be at least 1")
     available = [p for p in ("fp32", "fp16", "int8") if all(p in t.graphs for t in manifest.towers.values())]
-    precision = options.precision or ("fp16" if options.backend == "npu_ge" and "fp16" in available else "fp32")
+    default = next((p for p in record.precisions if p in available), record.precisions[-1])
+    precision = options.precision or default
     if precision not in available:
         raise InvalidInput(f"model {manifest.name} has no {precision} graphs for both towers (it has {available})")
     return precision
@@ -293,25 +286,25 @@ def _write_models(
     manifest: ModelManifest, staging: Path, out: Path, options: ExportOptions, precision: str
 ) -> ExportReport:
     report = ExportReport(repository=out)
+    record = triton_backend(options.backend)
     batch_of_image = 0
     for name, tower, length in _tower_models(manifest, precision):
         spec = manifest.towers[tower]
         input_name, output_name = ("text", "text_features") if tower == "text" else ("image", "image_features")
         buckets = spec.buckets(precision)
-        if options.backend == "npu_ge":
-            batch = options.max_batch or buckets[-1]
+        batch = options.max_batch or buckets[-1]
+        if record.dynamic_batching:
+            graph, source = dynamic_batch_graph(manifest, tower, precision, length=length)
+        else:
             if batch not in buckets:
                 raise InvalidInput(f"--max-batch {batch} is not a bucket of the {tower} graphs {buckets}")
             graph, source = load_graph(manifest, tower, precision, batch, length), batch
-        else:
-            batch = options.max_batch or buckets[-1]
-            graph, source = dynamic_batch_graph(manifest, tower, precision, length=length)
         rename_io(graph, spec.input_name, input_name)
         rename_io(graph, spec.output_name, output_name)
         tensor_type = graph.graph.input[0].type.tensor_type
         input_dims = [d.dim_value for d in tensor_type.shape.dim][1:]
         input_type = _TRITON_TYPES.get(tensor_type.elem_type)
-        if options.backend == "python" and input_type == "TYPE_FP16":
+        if record.fp32_inputs and input_type == "TYPE_FP16":
             input_type = "TYPE_FP32"  # the model casts; the ensemble's preprocess step gives FP32
         if input_type is None:
             raise ModelError(f"{tower} graph input has an element type Triton configs here do not cover")
@@ -322,8 +315,8 @@ def _write_models(
         onnx.save_model(
             graph, str(version_dir / "model.onnx"), save_as_external_data=external, location="model.onnx.data"
         )
-        if options.backend == "python":
-            shutil.copyfile(TOWER_SOURCE, version_dir / "model.py")
+        for file_name, source_file in record.model_files.items():
+            shutil.copyfile(source_file, version_dir / file_name)
         config = _tower_config(
             name, input_name, input_type, input_dims, output_name, manifest.embed_dim, options, batch, buckets
         )

@@ -1,15 +1,19 @@
 """Triton Python-backend model for one tower: the ONNX graph beside it, run with ONNX Runtime.
 
 `cnclip export-triton --backend python` copies this file to `<repo>/cnclip_text/1/model.py` and
-`<repo>/cnclip_image/1/model.py`, next to the tower's batch-dynamic `model.onnx`. It runs inside
+`<repo>/cnclip_image/1/model.py`, next to the tower's batch-dynamic `model.onnx`, with the provider
+registry `retrieval/backends/ort_providers.py` beside it as `ort_providers.py`. It runs inside
 Triton's Python backend, where this project is not installed, so it imports only numpy and
-onnxruntime. Useful where Triton has no onnxruntime backend of its own (the `nvidia-pytriton` build,
-or an Ascend host: onnxruntime-cann's CANN provider runs the graph on the NPU).
+onnxruntime, and loads the registry by path (from the source tree when it is not beside it).
+Useful where Triton has no onnxruntime backend of its own (the `nvidia-pytriton` build, or an
+Ascend host: onnxruntime-cann's CANN provider runs the graph on the NPU).
 
 Triton's dynamic batcher hands `execute` several requests at once; their rows run as one batch.
 The config's `parameters`:
-- `provider`: `auto` (an Ascend NPU when the CANN toolkit and a /dev/davinciN device are there, a
-  CUDA GPU for a KIND_GPU instance, else the CPU), or `cpu`, `cuda`, `cann`;
+- `provider`: `auto` or a provider of the registry (`cann`, `cuda`, `cpu`). `auto` takes the first
+  accelerator the onnxruntime build has that fits: one Triton has an instance kind for (a CUDA GPU:
+  KIND_GPU) when this instance is of that kind, one it has none for (an Ascend NPU) when its
+  hardware is detected; else the CPU;
 - `device_ids`: NPU/GPU numbers the instances are spread over, e.g. "0,1" (instance i gets
   device i mod n); a KIND_GPU instance uses the GPU Triton gave it;
 - `intra_op_threads`: ONNX Runtime threads per instance (0 = its default, one per core).
@@ -19,40 +23,61 @@ output is always FP32.
 
 from __future__ import annotations
 
-import glob
+import importlib.util
 import json
 import os
 import re
+import sys
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 
 _GRAPH_TYPES = {"tensor(float)": np.float32, "tensor(float16)": np.float16, "tensor(int64)": np.int64}
-_ASCEND_LIBS = ("lib64", "latest/lib64", "ascend-toolkit/latest/lib64")
+_HERE = os.path.dirname(os.path.abspath(__file__))
+# The registry: beside this file in an exported repository, in the package in the source tree.
+_REGISTRY_PATHS = (
+    os.path.join(_HERE, "ort_providers.py"),
+    os.path.join(_HERE, os.pardir, os.pardir, "backends", "ort_providers.py"),
+)
 
 
-def _has_ascend() -> bool:
-    homes = [os.environ.get("ASCEND_HOME_PATH"), os.environ.get("ASCEND_TOOLKIT_HOME"), "/usr/local/Ascend"]
-    toolkit = any(os.path.isfile(os.path.join(h, lib, "libascendcl.so")) for h in homes if h for lib in _ASCEND_LIBS)
-    return toolkit and bool(glob.glob("/dev/davinci[0-9]*"))
+def _load_registry() -> ModuleType:
+    path = next((p for p in _REGISTRY_PATHS if os.path.isfile(p)), None)
+    if path is None:
+        raise ImportError(f"ort_providers.py is neither beside {__file__} nor in the source tree")
+    spec = importlib.util.spec_from_file_location("cnclip_ort_providers", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
+    spec.loader.exec_module(module)
+    return module
+
+
+providers = _load_registry()
 
 
 def choose_provider(requested: str, available: list[str], instance_kind: str) -> tuple[str, str]:
-    """(provider, reason): `auto` | `cpu` | `cuda` | `cann` → one ONNX Runtime provider."""
-    names = {"cann": "CANNExecutionProvider", "cuda": "CUDAExecutionProvider"}
-    if requested == "cpu":
-        return "cpu", "provider=cpu"
-    if requested in names:
-        if names[requested] not in available:
-            raise ValueError(f"provider={requested} but this onnxruntime has no {names[requested]} ({available})")
-        return requested, f"provider={requested}"
+    """(provider, reason): `auto` or a provider's name → one ONNX Runtime provider.
+
+    `instance_kind` is Triton's `model_instance_kind` (CPU, GPU, MODEL)."""
     if requested != "auto":
-        raise ValueError(f"unknown provider '{requested}'; use auto, cpu, cuda or cann")
-    if names["cann"] in available and _has_ascend():
-        return "cann", "auto: CANN toolkit and an NPU device"
-    if names["cuda"] in available and instance_kind == "GPU":
-        return "cuda", "auto: a KIND_GPU instance"
-    return "cpu", "auto: no NPU or GPU instance"
+        if requested not in providers.PROVIDERS:
+            raise ValueError(f"unknown provider '{requested}'; use {providers.setting_choices()}")
+        record = providers.PROVIDERS[requested]
+        if record.ort_name not in available:
+            raise ValueError(f"provider={requested} but this onnxruntime has no {record.ort_name} ({available})")
+        return requested, f"provider={requested}"
+    for record in providers.accelerators():
+        if record.ort_name not in available:
+            continue
+        if record.triton_kind == f"KIND_{instance_kind}":
+            return record.name, f"auto: a {record.triton_kind} instance"
+        if record.triton_kind == providers.KIND_MODEL:
+            found = record.detect()
+            if found.found:
+                return record.name, f"auto: {found.reason}"
+    return providers.HOST.name, "auto: no NPU or GPU instance"
 
 
 class TritonPythonModel:
@@ -69,19 +94,14 @@ class TritonPythonModel:
 
         kind = args.get("model_instance_kind", "CPU")
         provider, reason = choose_provider(params.get("provider", "auto"), ort.get_available_providers(), kind)
+        record = providers.PROVIDERS[provider]
         device = int(args.get("model_instance_device_id", 0) or 0)
         device_ids = [int(d) for d in params.get("device_ids", "").split(",") if d.strip()]
-        if device_ids and kind != "GPU":
-            # Triton has no NPU instance kind: spread the instances (…_0_<i>) over the listed devices.
+        if device_ids and record.triton_kind != f"KIND_{kind}":
+            # Triton did not place this instance on its device (no NPU kind, or a CPU instance):
+            # spread the instances (…_0_<i>) over the listed devices.
             match = re.search(r"_(\d+)$", args.get("model_instance_name", ""))
             device = device_ids[int(match.group(1)) % len(device_ids) if match else 0]
-        if provider == "cann":
-            options = {"device_id": str(device), "enable_cann_graph": "1", "precision_mode": "must_keep_origin_dtype"}
-            providers: list[Any] = [("CANNExecutionProvider", options), "CPUExecutionProvider"]
-        elif provider == "cuda":
-            providers = [("CUDAExecutionProvider", {"device_id": str(device)}), "CPUExecutionProvider"]
-        else:
-            providers = ["CPUExecutionProvider"]
 
         session_options = ort.SessionOptions()
         session_options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
@@ -90,12 +110,12 @@ class TritonPythonModel:
         threads = int(params.get("intra_op_threads", "0") or 0)
         if threads > 0:
             session_options.intra_op_num_threads = threads
-        self.session = ort.InferenceSession(path, session_options, providers=providers)
+        self.session = ort.InferenceSession(path, session_options, providers=record.session_providers(device))
         graph_input = self.session.get_inputs()[0]
         self.graph_input = graph_input.name
         self.graph_dtype = _GRAPH_TYPES.get(graph_input.type, np.float32)
         self.graph_output = self.session.get_outputs()[0].name
-        self.provider = f"{provider} (device {device})" if provider != "cpu" else "cpu"
+        self.provider = provider if record.on_host else f"{provider} (device {device})"
         self._log(f"{args.get('model_name')}: ONNX Runtime on {self.provider}, {reason}; graph {path}")
 
     @staticmethod

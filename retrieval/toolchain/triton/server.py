@@ -43,17 +43,14 @@ from pathlib import Path
 import httpx
 
 from retrieval.errors import CnclipError
+from retrieval.toolchain.triton.backends import TRITON_BACKENDS
 
 WHEEL = "nvidia-pytriton==0.7.0"
 PLATFORMS = "x86_64/aarch64 Linux with glibc >= 2.35"
 EXIT_TIMEOUT_S = 10  # tritonserver's --exit-timeout-secs: how long in-flight requests may finish
 STOP_GRACE_S = EXIT_TIMEOUT_S + 10  # then the server and its stubs are killed
 # Why a backend the wheel lacks cannot run, and what to do instead.
-MISSING_BACKEND_HINTS = {
-    "onnxruntime": "re-export with `cnclip export-triton --backend python` (ONNX Runtime inside the Python "
-    "backend), or serve this repository with NVIDIA's Triton image (nvcr.io/nvidia/tritonserver)",
-    "npu_ge": "serve it with a Triton built with Ascend's ge-backend, or re-export with --backend python",
-}
+MISSING_BACKEND_HINTS = {r.name: r.missing_hint for r in TRITON_BACKENDS.values() if r.missing_hint}
 # Triton `platform` names → the backend that runs them (the rest name their backend directly).
 _PLATFORM_BACKENDS = {
     "onnxruntime_onnx": "onnxruntime",
