@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from cli.errors import EXIT_USAGE, friendly_errors
+from cli.errors import friendly_errors
 
 if TYPE_CHECKING:
     from indexer.generations import Generation, MigrationStatus
@@ -52,13 +52,10 @@ def migrate(
 
     check_collection_name(collection)
     chosen = [name for name, on in zip(ACTIONS, (status, swap, rollback, drop_old, drop_shadow), strict=True) if on]
-    if len(chosen) + (model is not None) != 1:
-        typer.secho(
-            "error: give exactly one of --model DIR, --status, --swap, --rollback, --drop-old, --drop-shadow",
-            fg=typer.colors.RED,
-            err=True,
+    if len(chosen) + (model is not None) != 1:  # a usage error: click's own line and status 2
+        raise typer.BadParameter(
+            "give exactly one of --model DIR, --status, --swap, --rollback, --drop-old, --drop-shadow"
         )
-        raise typer.Exit(EXIT_USAGE)
     options = MigrateOptions(batch=batch, throttle=throttle, swap=not no_swap, prune_missing=prune_missing)
     action = chosen[0] if chosen else "migrate"
     lines = asyncio.run(_run(storage_settings(), collection, action, model, options, as_json))

@@ -71,10 +71,10 @@ def _header(data: bytes):  # type: ignore[no-untyped-def]
     return read_header(data)
 
 
-@pytest.mark.parametrize("engine_name", ENGINES)
-def test_shadow_fill_swap_rollback_and_drop_old(tmp_path: Path, database_url: str, engine_name: str) -> None:
+@pytest.mark.parametrize("engine", ENGINES)  # named as conftest's pairs it: Milvus Lite with SQLite by default
+def test_shadow_fill_swap_rollback_and_drop_old(tmp_path: Path, database_url: str, engine: str) -> None:
     async def scenario() -> None:
-        catalog = _catalog(tmp_path, database_url, engine_name)
+        catalog = _catalog(tmp_path, database_url, engine)
         try:
             service, ids = await _filled(catalog, 10)
             new = NewModel()
