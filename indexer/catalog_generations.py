@@ -84,10 +84,10 @@ class CatalogGenerations:
             ) from exc
         return state
 
-    def shadow_missing(self, name: str, generation: Generation, limit: int) -> list[int]:
-        """Up to `limit` item ids of the collection the generation has no vector for yet."""
+    def shadow_missing(self, name: str, generation: Generation, limit: int, after: int = 0) -> list[int]:
+        """Up to `limit` item ids above `after` of the collection the generation has no vector for yet."""
         assert generation.id is not None
-        return self.generations.missing_ids(self.rows.collection(name).id, generation.id, limit)
+        return self.generations.missing_ids(self.rows.collection(name).id, generation.id, limit, after)
 
     def put_shadow(self, generation: Generation, ids: Sequence[int], vectors: np.ndarray) -> int:
         """Store a generation's vectors (normalised here); returns how many were new."""

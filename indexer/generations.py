@@ -25,7 +25,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 
 import numpy as np
-from sqlalchemy import Engine, Integer, delete, func, insert, literal, select, update
+from sqlalchemy import Engine, Integer, delete, exists, func, insert, literal, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -114,12 +114,15 @@ class GenerationRows:
     def generation(self, state: CollectionState, role: str) -> Generation | None:
         return {SHADOW: self.status(state).shadow, PREVIOUS: self.status(state).previous}.get(role)
 
-    def missing_ids(self, collection_id: int, generation_id: int, limit: int) -> list[int]:
-        """Up to `limit` items of the collection (oldest first) the generation has no vector for."""
-        covered = select(GenerationVectorRow.item_id).where(GenerationVectorRow.generation_id == generation_id)
+    def missing_ids(self, collection_id: int, generation_id: int, limit: int, after: int = 0) -> list[int]:
+        """Up to `limit` items of the collection with ids above `after` (in id order: a cursor, so a
+        fill reads each item once) the generation has no vector for."""
+        covered = exists().where(
+            GenerationVectorRow.generation_id == generation_id, GenerationVectorRow.item_id == ItemRow.id
+        )
         query = (
             select(ItemRow.id)
-            .where(ItemRow.collection_id == collection_id, ItemRow.id.not_in(covered))
+            .where(ItemRow.collection_id == collection_id, ItemRow.id > after, ~covered)
             .order_by(ItemRow.id)
             .limit(limit)
         )

@@ -121,28 +121,35 @@ class MigrationJob:
         return shadow is not None and shadow.id == generation.id
 
     async def _fill(self, generation: Generation) -> None:
-        """Embed what the shadow lacks until it lacks nothing (or only unreadable items)."""
+        """Embed what the shadow lacks until it lacks nothing (or only unreadable items): passes over the
+        ids in order (a cursor: each item is read once per pass), again from the start while a pass found
+        something (items a concurrent writer committed behind the cursor)."""
         unreadable: set[int] = set()
-        status = await off_loop(self.catalog.generation_status, self.name)
+        after, progressed = 0, False
+        progress = _Progress(self, generation)
         while True:
-            ids = await off_loop(
-                self.catalog.shadow_missing, self.name, generation, self.options.batch + len(unreadable)
-            )
-            ids = [i for i in ids if i not in unreadable][: self.options.batch]
+            found = await off_loop(self.catalog.shadow_missing, self.name, generation, self.options.batch, after)
+            if not found:
+                if after == 0 or not progressed:
+                    break
+                after, progressed = 0, False
+                continue
+            after = found[-1]
+            ids = [i for i in found if i not in unreadable]
             if not ids:
-                break
+                continue
+            progressed = True
             batch_started = time.perf_counter()
             kept, vectors = await self._embed(ids, unreadable)
             if kept:
                 try:
-                    self.embedded += await off_loop(self.catalog.put_shadow, generation, kept, vectors)
+                    stored = await off_loop(self.catalog.put_shadow, generation, kept, vectors)
                 except MigrationRefused:
                     if await self._still_shadow(generation):
                         raise
                     return  # another run swapped it in (or dropped it): nothing left to fill
-            status = await off_loop(self.catalog.generation_status, self.name)
-            if self.on_progress is not None and status.shadow is not None:
-                self.on_progress(status.shadow.vectors, status.items)
+                self.embedded += stored
+                await progress.add(stored)
             await self._throttle(len(ids), time.perf_counter() - batch_started)
         if unreadable:
             self._unreadable(sorted(unreadable))
@@ -202,6 +209,30 @@ class MigrationJob:
         elif text_hits == 0:
             problem = "a text query found nothing"
         return ProbeResult(len(picks), found, agreement, text_hits, problem)
+
+
+class _Progress:
+    """(covered, items) for the progress callback: counted here, read again from SQL every
+    `REFRESH_EVERY` batches (other runs and writers move both)."""
+
+    REFRESH_EVERY = 50
+
+    def __init__(self, job: MigrationJob, generation: Generation) -> None:
+        self.job, self.generation = job, generation
+        self.covered = self.items = -1
+        self.batches = 0
+
+    async def add(self, stored: int) -> None:
+        if self.job.on_progress is None:
+            return
+        if self.batches % self.REFRESH_EVERY == 0:
+            status = await off_loop(self.job.catalog.generation_status, self.job.name)
+            self.covered = status.shadow.vectors if status.shadow is not None else 0
+            self.items = status.items
+        else:
+            self.covered = min(self.items, self.covered + stored)
+        self.batches += 1
+        self.job.on_progress(self.covered, self.items)
 
 
 def _read_all(catalog: Catalog, records: list[ItemRecord]) -> dict[int, bytes]:
