@@ -24,7 +24,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from indexer.errors import (
     DatabaseUnavailable,
+    GenerationMoved,
     MediaChanged,
+    MigrationRefused,
     StorageFull,
     VectorStoreBusy,
     VectorStoreIncompatible,
@@ -64,6 +66,8 @@ STATUS_BY_ERROR: tuple[tuple[type[CnclipError], int], ...] = (
     (MediaChanged, 410),
     (NotFound, 404),
     (Conflict, 409),
+    (MigrationRefused, 409),
+    (GenerationMoved, 503),  # a search met a model swap twice in a row: retry
     (Overloaded, 429),
     (EncoderUnavailable, 503),
     (DatabaseUnavailable, 503),

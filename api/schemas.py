@@ -153,15 +153,24 @@ class EmbedResponse(BaseModel):
     dim: int
 
 
+class MigrationOut(BaseModel):
+    """A model migration in progress (`cnclip migrate`, docs/migrate.md): searches use `model` meanwhile."""
+
+    to_model: str = Field(description="The model the collection is being re-embedded with.")
+    covered: int = Field(description="Items that have a vector of the new model already.")
+    coverage: float = Field(description="covered / items (1.0 when the collection is empty).")
+
+
 class CollectionOut(BaseModel):
     name: str
     kind: Literal["images", "texts"]
     items: int
     vectors: int
-    model: str
+    model: str = Field(description="The model of the active generation: the one that answers searches.")
     dim: int
     index: str
     default: bool = Field(description="Searches that name no collection of this kind use this one.")
+    migration: MigrationOut | None = Field(None, description="A migration to another model in progress, if any.")
     created_at: datetime | None
     suggested_min_score: dict[str, float] = Field(
         default_factory=dict,

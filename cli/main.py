@@ -8,7 +8,7 @@ import sys
 
 import typer
 
-from cli import bench, catalog, convert, demo, duplicates, indexing, models, serving, triton, tune
+from cli import bench, catalog, convert, demo, duplicates, indexing, migrate, models, serving, triton, tune
 from cli.errors import EXIT_INTERRUPTED, EXIT_STATUS
 
 
@@ -65,6 +65,7 @@ def build_cli() -> typer.Typer:
         indexing.register,
         catalog.register,
         duplicates.register,
+        migrate.register,
         serving.register,
         triton.register,
         demo.register,

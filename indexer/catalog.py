@@ -24,6 +24,8 @@ import numpy as np
 from sqlalchemy import Engine
 
 from indexer.catalog_duplicates import CatalogDuplicates
+from indexer.catalog_generations import CatalogGenerations
+from indexer.errors import GenerationMoved
 from indexer.index_spec import parse_index
 from indexer.media import media_root
 from indexer.media_check import check_media, read_media
@@ -66,7 +68,7 @@ def unit_vectors(vectors: np.ndarray, count: int, dim: int) -> np.ndarray:
     return np.ascontiguousarray(array / norms, dtype=np.float32)
 
 
-class SqlCatalog(CatalogDuplicates):
+class SqlCatalog(CatalogDuplicates, CatalogGenerations):
     """`indexer.types.Catalog` over SQLAlchemy (SQLite or PostgreSQL) and a `VectorEngine`. It stores
     what it is given: the rules (which model, which kind, what a user's deletion means) are the
     collection service's (indexer/service.py), the one caller besides tests."""
@@ -109,6 +111,7 @@ class SqlCatalog(CatalogDuplicates):
         """Delete collection `name` with all its items and its vectors; returns how many items it held."""
         state = self.rows.collection(name)
         count = self.rows.item_counts(state.id).get(state.id, 0)
+        self.drop_generation_stores(state)
         self.rows.drop_collection(state.id)
         self.stores.forget(state.id)
         self._written.discard(state.id)
@@ -156,6 +159,7 @@ class SqlCatalog(CatalogDuplicates):
         vectors: np.ndarray,
         *,
         replace: Sequence[int | None] | None = None,
+        vector_key: str | None = None,
     ) -> list[AddResult]:
         """Add images with their vectors; an image whose bytes the collection has already is not added
         again (`created=False`, the existing id). `replace[i]` names a row this image supersedes (a
@@ -174,9 +178,11 @@ class SqlCatalog(CatalogDuplicates):
             fields.update(taken_at=naive_utc(image.taken_at) if image.taken_at else None)
             fields.update(phash=image.phash)
             rows.append({**fields, "tags": list(image.tags), "extra": dict(image.extra), "data": image.data})
-        return self._add(collection, rows, vectors, replace)
+        return self._add(collection, rows, vectors, replace, vector_key)
 
-    def add_texts(self, collection: str, texts: Sequence[NewText], vectors: np.ndarray) -> list[AddResult]:
+    def add_texts(
+        self, collection: str, texts: Sequence[NewText], vectors: np.ndarray, *, vector_key: str | None = None
+    ) -> list[AddResult]:
         """Add texts with their vectors; a text the collection has already is not added again."""
         rows: list[dict[str, Any]] = []
         for text in texts:
@@ -184,7 +190,7 @@ class SqlCatalog(CatalogDuplicates):
                 raise InvalidInput("texts must not be empty")
             fields = {"sha256": text_sha(text.text), "caption": text.text}
             rows.append({**fields, "tags": list(text.tags), "extra": dict(text.extra)})
-        return self._add(collection, rows, vectors, None)
+        return self._add(collection, rows, vectors, None, vector_key)
 
     def _add(
         self,
@@ -192,8 +198,13 @@ class SqlCatalog(CatalogDuplicates):
         rows: list[dict[str, Any]],
         vectors: np.ndarray,
         replace: Sequence[int | None] | None,
+        vector_key: str | None = None,
     ) -> list[AddResult]:
+        """`vector_key`: the model generation the vectors were made for (`GenerationMoved` when another
+        is active now; the insert checks it again under the collection's lock, indexer/row_inserts.py)."""
         state = self.rows.collection(collection)
+        if vector_key is not None and vector_key != state.vector_key:
+            raise GenerationMoved(f"collection {collection!r} swapped its model generation; embed again")
         unit = unit_vectors(vectors, len(rows), state.dim)
         results, version = self.rows.add(state, rows, unit, replace)
         self._after_write(state.id, version)
@@ -267,12 +278,23 @@ class SqlCatalog(CatalogDuplicates):
         return self.rows.ids(self.rows.collection(collection).id)
 
     # --- the vector engine ---------------------------------------------------------------------------
-    def search(self, collection: str, vector: np.ndarray, k: int, filters: SearchFilters | None = None) -> list[Hit]:
+    def search(
+        self,
+        collection: str,
+        vector: np.ndarray,
+        k: int,
+        filters: SearchFilters | None = None,
+        *,
+        vector_key: str | None = None,
+    ) -> list[Hit]:
         """The `k` items most similar to `vector` (cosine), restricted by `filters`, best first. Opens
-        the collection's store on first use."""
+        the collection's store on first use. `vector_key`: the model generation the query was embedded
+        for; `GenerationMoved` when the collection's active one is another (a swap meanwhile)."""
         if k < 1:
             raise InvalidInput("k must be at least 1")
-        sync = self.stores.store(collection)
+        sync = self.stores.store(collection, vector_key)
+        if vector_key is not None and sync.state.vector_key != vector_key:
+            raise GenerationMoved(f"collection {collection!r} swapped its model generation during this search")
         query = unit_vectors(np.asarray(vector, dtype=np.float32).reshape(1, -1), 1, sync.state.dim)[0]
         ids, scores = sync.store.search(query, k, filters)
         return [Hit(int(i), float(s)) for i, s in zip(ids, scores, strict=True)]

@@ -56,3 +56,18 @@ class VectorStoreIncompatible(VectorStoreError):
     cannot parse): retrying cannot help, so it is not `VectorStoreUnavailable`'s "retry in a moment"."""
 
     code = "vector_store_incompatible"
+
+
+class MigrationRefused(CnclipError):
+    """A model migration step that cannot be taken now (indexer/generations.py): a swap before the new
+    generation covers every item, a rollback with nothing to go back to, a second migration to another
+    model while one runs. The message says what to do instead."""
+
+    code = "migration_refused"
+
+
+class GenerationMoved(CnclipError):
+    """The collection's active model generation changed between reading it and searching it (a swap in
+    this or another process): the use case embeds the query again with the new model and retries."""
+
+    code = "generation_moved"

@@ -1,5 +1,6 @@
 """The FAISS engine (the embedded default): one `VectorIndex` per collection in memory, saved to
-`<data dir>/indexes/<database key>/<collection id>.faiss`.
+`<data dir>/indexes/<database key>/<collection id>.faiss` (`<collection id>.g<N>.faiss` for model
+generation N > 0, indexer/generations.py).
 
 Every process holds its own copy in memory and catches it up from SQL (indexer/sync.py), so the
 file is only a head start for the next open: processes sharing a data dir save it under an
@@ -168,7 +169,9 @@ class FaissEngine:
         parse_index(index, dim)
 
     def path(self, spec: StoreSpec) -> Path:
-        return self.index_dir / f"{spec.collection_id}.faiss"
+        # A file set per model generation: a swap (indexer/generations.py) never rewrites a file in use.
+        suffix = f".g{spec.generation}" if spec.generation else ""
+        return self.index_dir / f"{spec.collection_id}{suffix}.faiss"
 
     def open(self, spec: StoreSpec, fetch: FetchVectors, filter_ids: FilterIds) -> FaissStore:
         path = self.path(spec)

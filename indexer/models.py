@@ -79,6 +79,8 @@ class CollectionRow(Base):
     version: Mapped[int] = mapped_column(BigInteger, default=0)
     # Names the collection's data in a shared vector engine (Milvus), independent of its SQL id.
     vector_key: Mapped[str] = mapped_column(String(32))
+    # The active model generation's number (0: the first); others live in `generations` (indexer/generations.py).
+    generation: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
 
 
 class ItemRow(Base):
@@ -183,3 +185,37 @@ class ItemCopyRow(Base):
     size: Mapped[int | None] = mapped_column(BigInteger)
     mtime: Mapped[float | None] = mapped_column(Float)
     recorded_at: Mapped[datetime] = mapped_column(DateTime(), default=utcnow)
+
+
+class GenerationRow(Base):
+    """A collection's generation other than the active one (whose model, dim and vector_key are the
+    collection's): the `shadow` being filled with the next model, or the `previous` one kept for a
+    rollback. At most one of each per collection (indexer/generations.py)."""
+
+    __tablename__ = "generations"
+    __table_args__ = (
+        UniqueConstraint("collection_id", "role", name="uq_generations_collection_role"),
+        {"sqlite_autoincrement": True},
+    )
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    collection_id: Mapped[int] = mapped_column(ForeignKey("collections.id", ondelete="CASCADE"))
+    role: Mapped[str] = mapped_column(String(16))  # shadow | previous (swapping: inside the swap's transaction)
+    number: Mapped[int] = mapped_column(Integer)  # names its FAISS file; never reused within the collection
+    model: Mapped[str] = mapped_column(String(200))
+    dim: Mapped[int] = mapped_column(Integer)
+    vector_key: Mapped[str] = mapped_column(String(32))
+    created_at: Mapped[datetime] = mapped_column(DateTime(), default=utcnow)
+    swapped_at: Mapped[datetime | None] = mapped_column(DateTime())  # when it stopped being the active one
+
+
+class GenerationVectorRow(Base):
+    """An item's vector in a generation other than the active one (the active ones are `vectors`)."""
+
+    __tablename__ = "generation_vectors"
+    __table_args__ = (Index("ix_generation_vectors_item", "item_id"),)
+
+    generation_id: Mapped[int] = mapped_column(ForeignKey("generations.id", ondelete="CASCADE"), primary_key=True)
+    item_id: Mapped[int] = mapped_column(ItemId, ForeignKey("items.id", ondelete="CASCADE"), primary_key=True)
+    model: Mapped[str] = mapped_column(String(200))
+    vector: Mapped[bytes] = mapped_column(LargeBinary)

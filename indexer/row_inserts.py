@@ -11,8 +11,9 @@ import numpy as np
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
+from indexer.errors import GenerationMoved
 from indexer.media import media_writes, store_media
-from indexer.models import DeletedItemRow, ItemRow, ItemTagRow, VectorRow, utcnow
+from indexer.models import CollectionRow, DeletedItemRow, ItemRow, ItemTagRow, VectorRow, utcnow
 from indexer.sql_values import chunks
 from indexer.types import AddResult, CollectionState
 
@@ -106,6 +107,11 @@ class NewRows:
         """Insert the new rows, their vectors (rows of `unit`) and tags; the results with real ids."""
         new_ids: list[int] = []
         if self.values:
+            # Under the collection's lock (the version bump): a swap that committed since the caller read
+            # the collection must not get vectors of the model it replaced (indexer/generations.py).
+            key = session.scalar(select(CollectionRow.vector_key).where(CollectionRow.id == self.collection.id))
+            if key != self.collection.vector_key:
+                raise GenerationMoved(f"collection {self.collection.name!r} swapped its model generation; embed again")
             # Core bulk inserts (one multi-row INSERT … RETURNING): the ORM unit of work cost ~3 ms a row.
             insert_items = insert(ItemRow).returning(ItemRow.id, sort_by_parameter_order=True)
             new_ids = [int(i) for i in session.scalars(insert_items, self.values)]

@@ -47,6 +47,7 @@ def _state(row: CollectionRow) -> CollectionState:
         version=int(row.version or 0),
         vector_key=row.vector_key,
         created_at=aware(row.created_at),
+        generation=int(row.generation or 0),
     )
 
 

@@ -79,6 +79,25 @@ def prepare_for_serving(settings: Any) -> None:
     engine_record(settings.vector_store).prepare_for_serving()
 
 
+def model_encoders(settings: Any, observer: EncoderObserver | None = None) -> list[Encoder]:
+    """The settings' encoder, then one per `CNCLIP_MODEL_DIRS` directory (a server that answers
+    collections of several models, e.g. during `cnclip migrate`); not started."""
+    return [create_encoder(settings, observer=observer)] + [
+        model_encoder(settings, directory, observer) for directory in getattr(settings, "model_dirs", [])
+    ]
+
+
+def model_encoder(settings: Any, model_dir: Any, observer: EncoderObserver | None = None) -> Encoder:
+    """An encoder of the model in `model_dir`, with the settings' runtime options (`cnclip migrate --model`).
+    `ModelError` when the directory holds no usable model."""
+    from pathlib import Path
+
+    from retrieval.manifest import ModelManifest
+
+    ModelManifest.load(Path(model_dir))  # one clear line for a directory that is not a model
+    return create_encoder(settings.model_copy(update={"model_dir": Path(model_dir)}), observer=observer)
+
+
 class Runtime:
     """What one process runs, open. Attributes are None where the caller asked for nothing."""
 
@@ -173,9 +192,9 @@ async def open_runtime(
         elif catalog is not False:
             runtime.catalog = catalog
         if encoder is True:
-            made = create_encoder(settings, observer=observer)
-            stack.push_async_callback(made.close)
-            runtime.encoders[made.model_id] = made
+            for made in model_encoders(settings, observer):
+                stack.push_async_callback(made.close)
+                runtime.encoders.setdefault(made.model_id, made)
         elif encoder is not False:
             runtime.encoders[encoder.model_id] = encoder
         if runtime.encoders:
@@ -183,7 +202,7 @@ async def open_runtime(
             runtime.zeroshot = ZeroShotClassifier(runtime.encoder, cache_size=settings.query_cache_size)
         if runtime.catalog is not None:
             default = runtime.encoder if runtime.encoders else None
-            runtime.service = collection_service(runtime.catalog, default, settings)
+            runtime.service = collection_service(runtime.catalog, default, settings, list(runtime.encoders.values()))
         stack.push_async_callback(runtime._stop_background)
         if warm:
             await runtime.start_encoders()

@@ -32,6 +32,7 @@ import numpy as np
 
 from indexer.duplicate_cases import DuplicateCases
 from indexer.errors import VectorStoreError
+from indexer.migration_cases import MigrationCases
 from indexer.names import check_collection_name
 from indexer.paging import PageRequest, rank
 from indexer.perceptual import phash_of_bytes
@@ -54,7 +55,6 @@ from indexer.types import (
 )
 from indexer.use_cases import UseCases
 from retrieval.errors import Conflict, EncoderUnavailable, InvalidImage, InvalidInput, NotFound
-from retrieval.manifest import same_model
 from retrieval.preprocess import DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS, ImageHeader, read_header
 from retrieval.types import Encoder
 
@@ -70,9 +70,10 @@ class ModelIdentity:
     dim: int
 
 
-class CollectionService(UseCases, DuplicateCases):
+class CollectionService(UseCases, DuplicateCases, MigrationCases):
     """Use cases over a catalog, for the model of `encoder` (None: a process that embeds nothing,
-    such as `cnclip stats`; it can read and delete, not search or add)."""
+    such as `cnclip stats`; it can read and delete, not search or add) and of `encoders` (more models
+    a server holds: a collection is answered by its active model's, indexer/migration_cases.py)."""
 
     def __init__(
         self,
@@ -87,9 +88,11 @@ class CollectionService(UseCases, DuplicateCases):
         thumbs_dir: Path | None = None,
         duplicate_threshold: float | None = None,
         duplicate_budget_s: float = 10.0,
+        encoders: Sequence[Encoder] = (),
     ) -> None:
         self.catalog = catalog
         self.encoder = encoder
+        self.encoders = {e.model_id: e for e in encoders if e is not encoder}
         self.model = ModelIdentity(encoder.model_id, encoder.dim) if encoder is not None else None
         self.default_index = default_index
         self.max_collections = max_collections
@@ -110,12 +113,7 @@ class CollectionService(UseCases, DuplicateCases):
     def check_model(self, info: CollectionInfo | CollectionState) -> None:
         """A collection embedded by another model (or with other dims) can be neither searched nor
         added to with this one: its vectors and ours are not comparable."""
-        model = self._model()
-        if info.dim != model.dim or not same_model(info.model, model.model_id):
-            raise InvalidInput(
-                f"collection {info.name!r} was indexed with {info.model} ({info.dim}-d vectors); "
-                f"the server runs {model.model_id} ({model.dim}-d). Re-index it with this model."
-            )
+        self.encoder_for(info)
 
     @staticmethod
     def check_kind(info: CollectionInfo | CollectionState, kind: CollectionKind, action: str) -> None:
@@ -216,7 +214,8 @@ class CollectionService(UseCases, DuplicateCases):
     ) -> SearchPage:
         """`search` in a collection `resolve` returned (the async use cases resolve before embedding)."""
         pool = page.candidates()
-        hits = self.catalog.search(target.name, vector, pool + (1 if exclude is not None else 0), filters)
+        wanted = pool + (1 if exclude is not None else 0)
+        hits = self.catalog.search(target.name, vector, wanted, filters, vector_key=target.vector_key)
         hits = [h for h in hits if h.id != exclude][:pool]
         if mark:
             mark("search")
@@ -237,10 +236,9 @@ class CollectionService(UseCases, DuplicateCases):
         the collection's own, whatever model this process runs)."""
         page.check()
         item = self.catalog.get(item_id)
-        vector = self.catalog.vector(item_id)
+        target, vector = self.stored_vector(item.collection, item_id)
         if mark:
             mark("encode")  # a stored vector: no model call
-        target = self.catalog.collection(item.collection)
         return self.search_in(target, vector, page, filters, exclude=item_id, mark=mark)
 
     # --- writes ----------------------------------------------------------------------------------
@@ -255,13 +253,15 @@ class CollectionService(UseCases, DuplicateCases):
         vectors: np.ndarray,
         *,
         replace: Sequence[int | None] | None = None,
+        vector_key: str | None = None,
     ) -> list[AddResult]:
         """Add images. Each comes with what its header says (mime, size, date), read once by the
         caller (`read_header`: the pipeline's reader, an upload's check) or here when it did not;
-        its `taken_at` follows indexer/taken.py (an upload: its EXIF date, else now)."""
-        target = self.writable(name, "images")
+        its `taken_at` follows indexer/taken.py (an upload: its EXIF date, else now). `vector_key`: the
+        generation the vectors were made for (None: the default encoder's, check_generation)."""
+        target = self.check_generation(self.writable(name, "images"), vector_key)
         completed = [self.complete(image) for image in images]
-        return self.catalog.add_images(target.name, completed, vectors, replace=replace)
+        return self.catalog.add_images(target.name, completed, vectors, replace=replace, vector_key=target.vector_key)
 
     def complete(self, image: NewImage, header: ImageHeader | None = None) -> NewImage:
         """`image` with its header's facts and its date filled in (one header read, when needed), and an
@@ -288,9 +288,11 @@ class CollectionService(UseCases, DuplicateCases):
         """Record (item id, new path, size, mtime) of files renamed or touched without new content."""
         self.catalog.update_files(self.writable(name, "images").name, moves)
 
-    def add_texts(self, name: str, texts: Sequence[NewText], vectors: np.ndarray) -> list[AddResult]:
-        target = self.writable(name, "texts")
-        return self.catalog.add_texts(target.name, texts, vectors)
+    def add_texts(
+        self, name: str, texts: Sequence[NewText], vectors: np.ndarray, vector_key: str | None = None
+    ) -> list[AddResult]:
+        target = self.check_generation(self.writable(name, "texts"), vector_key)
+        return self.catalog.add_texts(target.name, texts, vectors, vector_key=target.vector_key)
 
     def delete_items(self, item_ids: Sequence[int], *, reason: DeleteReason = "user") -> int:
         """Delete items. A user's deletion is remembered, so the next `cnclip index` of the folder does
@@ -369,7 +371,9 @@ class CollectionService(UseCases, DuplicateCases):
         self.catalog.ping()
 
 
-def collection_service(catalog: Catalog, encoder: Encoder | None, settings: Any) -> CollectionService:
+def collection_service(
+    catalog: Catalog, encoder: Encoder | None, settings: Any, encoders: Sequence[Encoder] = ()
+) -> CollectionService:
     """The service for `encoder`'s model with the catalog settings (defaults, cap, refresh, limits)."""
     return CollectionService(
         catalog,
@@ -382,4 +386,5 @@ def collection_service(catalog: Catalog, encoder: Encoder | None, settings: Any)
         thumbs_dir=settings.data_dir / "thumbs",
         duplicate_threshold=settings.duplicate_threshold,
         duplicate_budget_s=settings.duplicate_time_budget_s,
+        encoders=encoders,
     )

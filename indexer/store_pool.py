@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 
 def store_spec(state: CollectionState) -> StoreSpec:
     """What the engine needs to know of a collection to hold its vectors."""
-    return StoreSpec(state.id, state.name, state.dim, state.index, state.model, state.vector_key)
+    return StoreSpec(state.id, state.name, state.dim, state.index, state.model, state.vector_key, state.generation)
 
 
 class StorePool:
@@ -43,14 +43,16 @@ class StorePool:
         """The collection's store if this process has it open (never opens one)."""
         return self._stores.get(collection_id)
 
-    def store(self, collection: str) -> StoreSync:
+    def store(self, collection: str, vector_key: str | None = None) -> StoreSync:
         """The collection's store, opened (and reconciled) on first use, and caught up with other
         processes' commits when its version moved — checked at most every `sync_interval_s`, with
-        one indexed query of two columns."""
+        one indexed query of two columns; at once when the caller expects another `vector_key` (a
+        model generation swapped, indexer/generations.py)."""
         sync = self._by_key.get(collection_key(collection))
         if sync is None:
             return self.open(self.rows.collection(collection))
-        if time.monotonic() - sync.checked < self.sync_interval_s:
+        expected = vector_key is None or vector_key == sync.state.vector_key
+        if expected and time.monotonic() - sync.checked < self.sync_interval_s:
             return sync
         current = self.rows.version_of(collection)
         if current is None or current[0] != sync.state.vector_key:  # deleted, or deleted and made again

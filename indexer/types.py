@@ -16,6 +16,7 @@ if TYPE_CHECKING:  # the near-duplicate records (their modules import these type
     from indexer.duplicate_pages import TierChoice
     from indexer.duplicate_rows import FileCopy
     from indexer.duplicates import DuplicatesPage
+    from indexer.generations import Generation, MigrationStatus
 
 CollectionKind = Literal["images", "texts"]
 # exif: the photo's DateTimeOriginal; mtime: the file's modification time (no EXIF date);
@@ -130,6 +131,7 @@ class CollectionState:
     version: int
     vector_key: str
     created_at: datetime | None
+    generation: int = 0  # the active model generation's number (indexer/generations.py)
 
 
 @dataclass(frozen=True)
@@ -187,9 +189,12 @@ class Catalog(Protocol):
         vectors: np.ndarray,
         *,
         replace: Sequence[int | None] | None = None,
+        vector_key: str | None = None,
     ) -> list[AddResult]: ...
 
-    def add_texts(self, collection: str, texts: Sequence[NewText], vectors: np.ndarray) -> list[AddResult]: ...
+    def add_texts(
+        self, collection: str, texts: Sequence[NewText], vectors: np.ndarray, *, vector_key: str | None = None
+    ) -> list[AddResult]: ...
 
     def update_files(self, collection: str, moves: Sequence[tuple[int, str, int, float]]) -> None: ...
 
@@ -240,8 +245,37 @@ class Catalog(Protocol):
 
     # --- the vector engine: a store is opened on first use ---------------------------------------------
     def search(
-        self, collection: str, vector: np.ndarray, k: int, filters: SearchFilters | None = None
+        self,
+        collection: str,
+        vector: np.ndarray,
+        k: int,
+        filters: SearchFilters | None = None,
+        *,
+        vector_key: str | None = None,
     ) -> list[Hit]: ...
+
+    # --- model generations (indexer/catalog_generations.py) ---------------------------------------------
+    def generation_status(self, name: str) -> MigrationStatus: ...
+
+    def migrations(self) -> dict[int, tuple[str, int]]: ...
+
+    def begin_shadow(self, name: str, model: str, dim: int) -> Generation: ...
+
+    def check_shadow(self, name: str, model: str, dim: int) -> CollectionState: ...
+
+    def shadow_missing(self, name: str, generation: Generation, limit: int, after: int = 0) -> list[int]: ...
+
+    def put_shadow(self, generation: Generation, ids: Sequence[int], vectors: np.ndarray) -> int: ...
+
+    def generation_ids(self, generation: Generation) -> np.ndarray: ...
+
+    def generation_vectors(self, generation: Generation, ids: Sequence[int]) -> np.ndarray: ...
+
+    def prepare_generation(self, name: str, generation: Generation) -> bool: ...
+
+    def swap_generation(self, name: str, role: str) -> CollectionState: ...
+
+    def drop_generation(self, name: str, role: str) -> Generation: ...
 
     def vector_count(self, collection: str) -> int: ...
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import anyio.to_thread
 import numpy as np
 
+from indexer.errors import GenerationMoved
 from indexer.paging import PageRequest
 from indexer.types import AddResult, CollectionKind, NewImage, NewText, SearchFilters
 from retrieval.errors import EncoderUnavailable
@@ -25,6 +26,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 TEXT_BATCH = 64  # texts per encoder call when adding many
+SWAP_RETRIES = 2  # a search that meets a model generation swap embeds again with the new model
 
 
 async def off_loop(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -44,6 +46,8 @@ class _Service(Protocol):
 
     encoder: Encoder | None
 
+    def encoder_for(self, info: CollectionState) -> Encoder: ...
+
     def resolve(self, name: str | None, kind: CollectionKind, action: str = ...) -> CollectionState: ...
 
     def writable(self, name: str, kind: CollectionKind) -> CollectionState: ...
@@ -62,10 +66,18 @@ class _Service(Protocol):
     def complete(self, image: NewImage, header: ImageHeader | None = ...) -> NewImage: ...
 
     def add_images(
-        self, name: str, images: Sequence[NewImage], vectors: np.ndarray, *, replace: Sequence[int | None] | None = ...
+        self,
+        name: str,
+        images: Sequence[NewImage],
+        vectors: np.ndarray,
+        *,
+        replace: Sequence[int | None] | None = ...,
+        vector_key: str | None = ...,
     ) -> list[AddResult]: ...
 
-    def add_texts(self, name: str, texts: Sequence[NewText], vectors: np.ndarray) -> list[AddResult]: ...
+    def add_texts(
+        self, name: str, texts: Sequence[NewText], vectors: np.ndarray, vector_key: str | None = ...
+    ) -> list[AddResult]: ...
 
 
 class UseCases:
@@ -82,11 +94,17 @@ class UseCases:
     ) -> SearchPage:
         """Images of `collection` (default: the oldest image collection) matching a text."""
         page.check()
-        target = await off_loop(self.resolve, collection, "images")  # before any model work
-        vector = (await warm(self.encoder).embed_texts([query]))[0]
-        if mark:
-            mark("encode")
-        return await off_loop(self.search_in, target, vector, page, filters, mark=mark)
+        for attempt in range(SWAP_RETRIES + 1):
+            target = await off_loop(self.resolve, collection, "images")  # before any model work
+            vector = (await warm(self.encoder_for(target)).embed_texts([query]))[0]
+            if mark:
+                mark("encode")
+            try:
+                return await off_loop(self.search_in, target, vector, page, filters, mark=mark)
+            except GenerationMoved:  # swapped to another model meanwhile: embed again with the new one
+                if attempt == SWAP_RETRIES:
+                    raise
+        raise AssertionError("unreachable")
 
     async def search_image(
         self: _Service,
@@ -101,11 +119,17 @@ class UseCases:
         """Similar images (`target_kind` images) or best-matching texts (texts) for image bytes whose
         header the caller has checked."""
         page.check()
-        target = await off_loop(self.resolve, collection, target_kind)
-        vector = (await warm(self.encoder).embed_images([data]))[0]
-        if mark:
-            mark("encode")
-        return await off_loop(self.search_in, target, vector, page, filters, mark=mark)
+        for attempt in range(SWAP_RETRIES + 1):
+            target = await off_loop(self.resolve, collection, target_kind)
+            vector = (await warm(self.encoder_for(target)).embed_images([data]))[0]
+            if mark:
+                mark("encode")
+            try:
+                return await off_loop(self.search_in, target, vector, page, filters, mark=mark)
+            except GenerationMoved:
+                if attempt == SWAP_RETRIES:
+                    raise
+        raise AssertionError("unreachable")
 
     async def add_upload(
         self: _Service,
@@ -118,18 +142,18 @@ class UseCases:
     ) -> AddResult:
         """Add one uploaded image whose header the caller read (`read_header`): its facts and EXIF
         date come from that one read; the encoder decodes the pixels once."""
-        await off_loop(self.writable, collection, "images")  # before any model work
-        vectors = await warm(self.encoder).embed_images([data])
+        target = await off_loop(self.writable, collection, "images")  # before any model work
+        vectors = await warm(self.encoder_for(target)).embed_images([data])
         image = self.complete(NewImage(data=data, caption=caption, tags=list(tags)), header)
-        [added] = await off_loop(self.add_images, collection, [image], vectors)
+        [added] = await off_loop(self.add_images, collection, [image], vectors, vector_key=target.vector_key)
         return added
 
     async def add_text_items(self: _Service, collection: str, texts: Sequence[NewText]) -> list[AddResult]:
         """Add texts to a text collection, embedded `TEXT_BATCH` at a time."""
-        await off_loop(self.writable, collection, "texts")
+        target = await off_loop(self.writable, collection, "texts")
         added: list[AddResult] = []
         for start in range(0, len(texts), TEXT_BATCH):
             chunk = list(texts[start : start + TEXT_BATCH])
-            vectors = await warm(self.encoder).embed_texts([t.text for t in chunk])
-            added += await off_loop(self.add_texts, collection, chunk, vectors)
+            vectors = await warm(self.encoder_for(target)).embed_texts([t.text for t in chunk])
+            added += await off_loop(self.add_texts, collection, chunk, vectors, target.vector_key)
         return added

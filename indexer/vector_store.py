@@ -77,6 +77,7 @@ class StoreSpec:
     index: str  # index description (indexer/index_spec.py), e.g. Flat, HNSW32, IVF1024,Flat, IVF1024,PQ64
     model: str
     vector_key: str  # names the collection inside a shared engine (Milvus), never reused
+    generation: int = 0  # the model generation (indexer/generations.py): each has its own files
 
 
 class VectorStore(Protocol):

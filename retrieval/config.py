@@ -32,6 +32,11 @@ class RuntimeSettings(BaseSettings):
 
     # --- model runtime -------------------------------------------------------------------
     model_dir: Path = Field(SHIPPED_MODEL_DIR, description="Model directory with manifest.json.")
+    model_dirs: list[Path] = Field(
+        default_factory=list,
+        description="More model directories a server holds besides CNCLIP_MODEL_DIR (JSON list): a collection is "
+        "answered by its active model's encoder, so a collection can migrate to a new model (`cnclip migrate`).",
+    )
     provider: Literal["auto", "cann", "cuda", "cpu"] = Field(
         "auto", description="Execution provider; auto detects an Ascend NPU, then CUDA, then uses CPU."
     )
@@ -123,6 +128,14 @@ class RuntimeSettings(BaseSettings):
     data_dir: Path = Field(
         default_factory=default_data_dir, description="Where the SQLite file, FAISS indexes and media live."
     )
+
+    @field_validator("model_dirs")
+    @classmethod
+    def _model_directories(cls, value: list[Path]) -> list[Path]:
+        for directory in value:
+            if not (Path(directory) / "manifest.json").is_file():
+                raise ValueError(f"{directory} is not a model directory (no manifest.json)")
+        return list(dict.fromkeys(Path(d) for d in value))
 
     @field_validator("text_lengths")
     @classmethod

@@ -10,9 +10,14 @@ const views = {};
 async function loadCollections() {
   const collections = await views.text.run("正在加载集合…", () => api("/v1/collections"));
   if (!collections) return;
-  for (const c of collections) state.suggested[c.name] = c.suggested_min_score || {};
+  state.collections = {};
+  for (const c of collections) {
+    state.suggested[c.name] = c.suggested_min_score || {};
+    state.collections[c.name] = c;
+  }
   fillSelect($("#collection"), collections.filter((c) => c.kind === "images"), "还没有图片集合");
   suggestCutoff();
+  showMigration();
   fillSelect($("#text-collection"), collections.filter((c) => c.kind === "texts"), "还没有文字集合");
 }
 
@@ -30,6 +35,16 @@ function fillSelect(select, collections, emptyText) {
 }
 
 const chosen = (select) => select.value || undefined;
+
+// A migration to another model in progress: searches keep using the active model until the swap.
+function showMigration() {
+  const migration = state.collections?.[$("#collection").value]?.migration;
+  const note = $("#migration-note");
+  note.hidden = !migration;
+  if (!migration) return;
+  const percent = Math.floor(migration.coverage * 100);
+  note.textContent = `该集合正在迁移到新模型 ${migration.to_model}（已完成 ${percent}%），搜索暂时仍使用当前模型。`;
+}
 
 // The cutoff the server suggests for the chosen collection's model (text → image scores).
 // A model without a suggestion starts with every result shown (its scores are not known here).
@@ -275,7 +290,10 @@ function init() {
     button.addEventListener("click", () => selectTab(button.dataset.tab));
   }
   $("#text-form").addEventListener("submit", searchText);
-  $("#collection").addEventListener("change", suggestCutoff);
+  $("#collection").addEventListener("change", () => {
+    suggestCutoff();
+    showMigration();
+  });
   $("#cutoff").addEventListener("change", () => {
     $("#min-score").disabled = !$("#cutoff").checked;
     if ($("#cutoff").checked && $("#min-score").value === "") $("#min-score").value = "0.2";

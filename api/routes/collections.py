@@ -25,6 +25,7 @@ from api.schemas import (
     CollectionOut,
     CreateCollectionRequest,
     Deleted,
+    MigrationOut,
 )
 from api.uploads import inspect_image, parse_string_list, read_upload
 from indexer.names import COLLECTION_NAME_PATTERN
@@ -37,7 +38,13 @@ router = APIRouter(prefix="/v1/collections", tags=["collections"], route_class=G
 Name = Annotated[str, Path(pattern=COLLECTION_NAME_PATTERN, description="Collection name (case-insensitive).")]
 
 
-def _collection_out(info: CollectionInfo, default: bool) -> CollectionOut:
+def _collection_out(info: CollectionInfo, default: bool, migrating: tuple[str, int] | None = None) -> CollectionOut:
+    migration = None
+    if migrating is not None:
+        to_model, covered = migrating
+        migration = MigrationOut(
+            to_model=to_model, covered=covered, coverage=covered / info.items if info.items else 1.0
+        )
     return CollectionOut(
         name=info.name,
         kind=info.kind,
@@ -49,11 +56,13 @@ def _collection_out(info: CollectionInfo, default: bool) -> CollectionOut:
         default=default,
         created_at=info.created_at,
         suggested_min_score=dict(suggested_min_scores(info.model)),
+        migration=migration,
     )
 
 
 def _listed(service: CollectionService) -> list[CollectionOut]:
-    return [_collection_out(info, default) for info, default in service.list_all()]
+    migrating = service.migrations()
+    return [_collection_out(info, default, migrating.get(info.id)) for info, default in service.list_all()]
 
 
 def _one(service: CollectionService, name: str) -> CollectionOut:
