@@ -30,8 +30,8 @@ from indexer.reading import PreparedFile, read_file, read_phash, read_taken
 from indexer.routing import FileRouter, MovePayload
 from indexer.service import CollectionService
 from indexer.sources import SourceEntry, load_entries
-from indexer.types import FileState, NewImage
-from retrieval.errors import EncoderUnavailable, InvalidImage, NotFound
+from indexer.types import CollectionState, FileState, NewImage
+from retrieval.errors import InvalidImage, NotFound
 from retrieval.preprocess import preprocess_image
 from retrieval.types import Encoder
 
@@ -53,7 +53,9 @@ def _unchanged(state: FileState, stat: os.stat_result) -> bool:
 
 class ImageIndexer:
     """Indexes a folder or manifest into one image collection through the collection service
-    (which checks the collection's kind and model) with the service's encoder."""
+    (which checks the collection's kind and model) with the encoder of the collection's active model
+    (a server may hold several, CNCLIP_MODEL_DIRS); its vectors are tagged with that generation, so a
+    model swap during the run refuses them (`GenerationMoved`) instead of mixing two models."""
 
     flush_at_end = True  # save the vector store when a run ends
 
@@ -78,12 +80,12 @@ class ImageIndexer:
         self.undated: list[SourceEntry] = []  # unchanged files whose rows have no taken_at (from _plan)
         self.unhashed: list[SourceEntry] = []  # unchanged files whose rows have no perceptual hash
         self.copies: list[FileCopy] = []  # files with the bytes of an item at another path (recorded at the end)
+        self._target: CollectionState | None = None  # the collection as this run found it (`ensure`)
 
     @property
     def encoder(self) -> Encoder:
-        if self.service.encoder is None:
-            raise EncoderUnavailable("indexing needs the model; this process runs none")
-        return self.service.encoder
+        assert self._target is not None, "the collection is resolved when the run starts"
+        return self.service.encoder_for(self._target)  # EncoderUnavailable in a process with no model
 
     async def run(
         self,
@@ -116,7 +118,7 @@ class ImageIndexer:
         report: ProgressCallback,
         prune: bool,
     ) -> None:
-        self.service.ensure(self.collection, "images", self.index_factory)
+        self._target = self.service.ensure(self.collection, "images", self.index_factory)
         if self.restore_deleted:
             restored = self.service.forget_deletions(self.collection)
             log.info("%s: %d deleted items may be indexed again", self.collection, restored)
@@ -374,7 +376,8 @@ class ImageIndexer:
             for p in batch
         ]
         replaces = [p.replaces for p in batch]
-        results = self.service.add_images(self.collection, images, vectors, replace=replaces)
+        key = self._target.vector_key if self._target is not None else None
+        results = self.service.add_images(self.collection, images, vectors, replace=replaces, vector_key=key)
         summary.embedded += len(batch)
         # Another indexer may have committed the same bytes meanwhile: then it is a duplicate here;
         # a user may have deleted them meanwhile: then they stay deleted.

@@ -10,6 +10,7 @@ from pathlib import Path
 from api.config import Settings
 from indexer.migration import MigrateOptions
 from indexer.paging import PageRequest
+from indexer.pipeline import ImageIndexer
 from indexer.runtime import open_runtime
 from indexer.service import CollectionService
 from retrieval.preprocess import read_header
@@ -64,6 +65,36 @@ def test_a_server_holding_two_models_answers_each_collection_with_its_own(tmp_pa
             page = await rt.service.search_image(jpeg(2), "photos", "images", PageRequest(k=1))
             assert page.results[0].score > 0.99  # the toy2 encoder embedded the query
             added = await rt.service.add_upload("photos", jpeg(9), read_header(jpeg(9)))
+            assert rt.service.catalog.vector(added.id).shape == (16,)
+
+    asyncio.run(scenario())
+
+
+def test_indexing_after_a_swap_embeds_with_the_collections_new_model(tmp_path: Path, toy_model_dir: Path) -> None:
+    """The pipeline (`cnclip index`, a server's folder watcher) embeds with the encoder of the
+    collection's active model, not the process's default one: after a swap to a model the server
+    holds through CNCLIP_MODEL_DIRS, a watched folder's new photos still go in, as 16-d vectors."""
+    other = tmp_path / "toy2"
+    other.mkdir()
+    write_toy_model(other, dim=16, seed=3, name="toy2", int8=False)
+    settings = Settings(
+        _env_file=None, model_dir=toy_model_dir, model_dirs=[other], data_dir=tmp_path / "data", provider="cpu"
+    )
+    folder = tmp_path / "photos"
+    folder.mkdir()
+
+    async def scenario() -> None:
+        async with open_runtime(settings) as rt:
+            assert rt.service is not None
+            (folder / "a.jpg").write_bytes(jpeg(1))
+            first = await ImageIndexer(rt.service, "photos").run(folder)
+            assert first.added == 1 and rt.service.catalog.collection("photos").dim == 32
+            _default, second = rt.encoders.values()
+            assert (await rt.service.migrate("photos", second, MigrateOptions())).swapped
+            (folder / "b.jpg").write_bytes(jpeg(2))
+            after = await ImageIndexer(rt.service, "photos").run(folder)
+            assert after.added == 1 and not after.failures
+            added = rt.service.file_states("photos")[str(folder / "b.jpg")]
             assert rt.service.catalog.vector(added.id).shape == (16,)
 
     asyncio.run(scenario())
