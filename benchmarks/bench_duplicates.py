@@ -87,7 +87,7 @@ def synthetic(size: int, dim: int, seed: int = 0) -> tuple[np.ndarray, np.ndarra
 
 
 def fill(database_url: str, data_dir: Path, size: int, dim: int) -> None:
-    from indexer.engines import open_catalog
+    from indexer.runtime import open_catalog
     from indexer.types import NewImage
     from tests.indexer_helpers import catalog_settings
 
@@ -147,7 +147,7 @@ class PeakRss:
 def worker(database_url: str, data_dir: Path, mode: str) -> dict[str, Any]:
     """One cold and one cached call of the finder, timed by stage (run in a fresh process)."""
     from indexer import duplicates, near_vectors
-    from indexer.engines import open_catalog
+    from indexer.runtime import open_catalog
     from tests.indexer_helpers import catalog_settings
 
     if mode == "exact":
@@ -168,15 +168,15 @@ def worker(database_url: str, data_dir: Path, mode: str) -> dict[str, Any]:
     near_vectors.ShotSearch._build = timed("build_s", near_vectors.ShotSearch._build)  # type: ignore[method-assign]
     catalog = open_catalog(catalog_settings(data_dir, database_url), open_stores=False)
     try:
-        finder = duplicates.DuplicateFinder(catalog, threshold=THRESHOLD)
-        state = catalog.state("bench")
+        finder = duplicates.DuplicateFinder(catalog)
+        state = catalog.collection("bench")
         with PeakRss() as memory:
             started = time.perf_counter()
-            page = finder.find(state, "all", 0, 20)
+            page = finder.find(state, "all", 0, 20, threshold=THRESHOLD)
             cold = time.perf_counter() - started
         snapshot = next(iter(finder._cache.values()))
         started = time.perf_counter()
-        finder.find(state, "all", 0, 20)
+        finder.find(state, "all", 0, 20, threshold=THRESHOLD)
         cached = time.perf_counter() - started
         pairs = sorted(snapshot.shots.pairs)
     finally:
