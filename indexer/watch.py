@@ -47,6 +47,10 @@ log = logging.getLogger(__name__)
 
 RETRY_S = 5.0  # after a failed pass (database down…) or while the folder is gone
 STANDBY_S = 1.0  # how often a standing-by watcher tries the lock
+# One early rescan after the first pass: a file created between the pass's walk and the event source
+# being ready (watchfiles sets its inotify watches up in its own thread; polling takes its first
+# snapshot) sent no hint, and would otherwise wait for the periodic rescan.
+SETTLE_S = 3.0
 STOP_GRACE_S = 30.0  # a server's shutdown waits this long for the batch in flight
 EventMode = Literal["auto", "poll", "off"]  # off: rescans only
 PassReport = Callable[[str, IndexSummary], None]  # ("first" | "full" | "hinted", what the pass did)
@@ -228,7 +232,7 @@ class FolderWatcher:
 
     # --- the loop --------------------------------------------------------------------------------
     async def _loop(self, stop: asyncio.Event) -> None:
-        self._next_full = time.monotonic() + self.options.rescan_interval_s
+        self._next_full = time.monotonic() + min(SETTLE_S, self.options.rescan_interval_s)
         while not stop.is_set():
             now = time.monotonic()
             due = self.quiet.next_due(now)

@@ -196,6 +196,25 @@ def test_a_writer_pausing_longer_than_the_quiet_period_ends_with_one_complete_ro
     asyncio.run(scenario())
 
 
+def test_a_file_created_before_the_events_are_ready_is_caught_soon(catalog: SqlCatalog, tmp_path: Path) -> None:
+    """A file that arrives after the first pass walked the folder but before the event source could
+    report it (here: no events at all) is indexed by the early rescan, not after the long interval."""
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    (folder / "old.jpg").write_bytes(jpeg(1))
+    service = service_for(catalog, FakeEncoder(dim=16))
+    options = WatchOptions(quiet_s=0.2, rescan_interval_s=600.0, events="off")
+
+    async def scenario() -> None:
+        async with watching(service, folder, options) as w:
+            await until(lambda: len(w.passes) == 1, 4)
+            (folder / "new.jpg").write_bytes(jpeg(2))
+            await until(lambda: str(folder / "new.jpg") in w.rows(), 8)  # not the 600 s interval
+            assert [kind for kind, _ in w.passes] == ["first", "full"]
+
+    asyncio.run(scenario())
+
+
 def test_a_missed_event_is_caught_by_the_rescan(catalog: SqlCatalog, tmp_path: Path) -> None:
     folder = tmp_path / "photos"
     folder.mkdir()
