@@ -32,7 +32,7 @@ from sqlalchemy.orm import Session
 from indexer.errors import MigrationRefused
 from indexer.models import CollectionRow, GenerationRow, GenerationVectorRow, ItemRow, VectorRow, utcnow
 from indexer.rows import bump_version
-from indexer.sql_values import aware, chunks
+from indexer.sql_values import aware, chunks, vector_matrix
 from indexer.types import CollectionState
 
 SHADOW, PREVIOUS, ACTIVE = "shadow", "previous", "active"
@@ -143,12 +143,7 @@ class GenerationRows:
                     GenerationVectorRow.generation_id == generation_id, GenerationVectorRow.item_id.in_(part)
                 )
                 found.update(list(session.execute(query)))
-        matrix = np.zeros((len(ids), dim), dtype=np.float32)
-        for row, item_id in enumerate(ids):
-            blob = found.get(int(item_id))
-            if blob is not None:
-                matrix[row] = np.frombuffer(blob, dtype=np.float32)
-        return matrix
+        return vector_matrix(ids, found, dim)
 
     # --- writes ------------------------------------------------------------------------------------
     def begin_shadow(self, state: CollectionState, model: str, dim: int) -> Generation:

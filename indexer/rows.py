@@ -25,7 +25,7 @@ from indexer.media_sweep import remove_unused_copies
 from indexer.models import CollectionRow, DeletedItemRow, ItemRow, ItemTagRow, VectorRow, utcnow
 from indexer.names import collection_key
 from indexer.row_inserts import NewRows, known_shas, remembered_shas
-from indexer.sql_values import aware, chunks, naive_utc
+from indexer.sql_values import aware, chunks, naive_utc, vector_matrix
 from indexer.types import AddResult, CollectionKind, CollectionState, FileState, ItemRecord, SearchFilters
 from indexer.vector_store import ItemAttrs
 from retrieval.errors import Conflict, NotFound
@@ -361,13 +361,7 @@ class ItemRows:
             for part in chunks(ids):
                 query = select(VectorRow.item_id, VectorRow.vector).where(VectorRow.item_id.in_(part))
                 found.update(list(session.execute(query)))
-        dim = len(next(iter(found.values()))) // 4 if found else 0
-        matrix = np.zeros((len(ids), dim), dtype=np.float32)
-        for row, item_id in enumerate(ids):
-            blob = found.get(int(item_id))
-            if blob is not None:
-                matrix[row] = np.frombuffer(blob, dtype=np.float32)
-        return matrix
+        return vector_matrix(ids, found)
 
     def attrs(self, ids: np.ndarray | Sequence[int]) -> list[ItemAttrs]:
         """The filterable fields of `ids`, in that order (for engines that filter themselves)."""
