@@ -46,7 +46,6 @@ CHROMIUM_ARGS = [
     "--no-first-run",
 ]
 TEXTS = ["一只猫在沙发上睡觉", "草地上奔跑的小狗", "城市街道上的黄色出租车", "夕阳下的海滩", "雪山和蓝天"]
-WIDTHS = [1280, 390]  # a laptop, a phone
 LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
 # The pages must work under the policies the server sends (api/request_guard.py): nothing but our own
 # origin; the UI previews the chosen image from a blob: URL; the docs pages need inline <style> (ReDoc),

@@ -12,6 +12,8 @@ import pytest
 from api.config import Settings
 from retrieval.toy_model import write_toy_model
 
+pytest_plugins = ["tests.browser_fixtures"]  # browser, width, log for the browser tests
+
 # The default run pairs each Milvus engine with one database, not both: the real server with
 # PostgreSQL (a deployment's pairing), Milvus Lite with SQLite (a single machine's); FAISS keeps both.
 # Every database and every engine still runs; the cross product runs in `make test-all`. It keeps the

@@ -19,7 +19,6 @@ from tests.browser_support import (
     PageLog,
     Server,
     gallery_image,
-    launch_browser,
     open_page,
     run_server,
     screenshot,
@@ -31,11 +30,6 @@ pytestmark = pytest.mark.browser
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, toy_model_dir: Path) -> Iterator[Server]:
     yield from run_server(tmp_path_factory.mktemp("browser"), toy_model_dir)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    yield from launch_browser()
 
 
 @pytest.fixture

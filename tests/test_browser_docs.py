@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, expect
 
-from tests.browser_support import WIDTHS, PageLog, Server, launch_browser, open_page, run_server, screenshot
+from tests.browser_fixtures import WIDTHS
+from tests.browser_support import PageLog, Server, open_page, run_server, screenshot
 
 pytestmark = pytest.mark.browser
 
@@ -18,11 +19,6 @@ pytestmark = pytest.mark.browser
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, toy_model_dir: Path) -> Iterator[Server]:
     yield from run_server(tmp_path_factory.mktemp("browser"), toy_model_dir)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    yield from launch_browser()
 
 
 @pytest.mark.parametrize("width", WIDTHS)

@@ -17,10 +17,8 @@ from indexer.duplicate_rows import FileCopy
 from indexer.types import Catalog, NewImage
 from retrieval.fake import FakeEncoder
 from tests.browser_support import (
-    WIDTHS,
     PageLog,
     Server,
-    launch_browser,
     open_page,
     run_server,
     screenshot,
@@ -73,21 +71,6 @@ def library(catalog: Catalog) -> None:
 @pytest.fixture
 def server(tmp_path: Path, toy_model_dir: Path) -> Iterator[Server]:
     yield from run_server(tmp_path / "data", toy_model_dir, prepare=library)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    yield from launch_browser()
-
-
-@pytest.fixture(params=WIDTHS, ids=lambda w: f"{w}px")
-def width(request: pytest.FixtureRequest) -> int:
-    return int(request.param)
-
-
-@pytest.fixture
-def log() -> PageLog:
-    return PageLog()
 
 
 @pytest.fixture

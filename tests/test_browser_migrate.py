@@ -17,7 +17,7 @@ from indexer.service import CollectionService
 from indexer.types import Catalog
 from retrieval.fake import FakeEncoder
 from retrieval.preprocess import read_header
-from tests.browser_support import WIDTHS, PageLog, Server, launch_browser, open_page, run_server, screenshot
+from tests.browser_support import PageLog, Server, open_page, run_server, screenshot
 from tests.indexer_helpers import jpeg
 from tests.test_migrate import NewModel
 
@@ -44,16 +44,6 @@ def half_migrated(catalog: Catalog) -> None:
 @pytest.fixture
 def server(tmp_path: Path, toy_model_dir: Path) -> Iterator[Server]:
     yield from run_server(tmp_path / "data", toy_model_dir, prepare=half_migrated)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    yield from launch_browser()
-
-
-@pytest.fixture(params=WIDTHS, ids=lambda w: f"{w}px")
-def width(request: pytest.FixtureRequest) -> int:
-    return int(request.param)
 
 
 @pytest.fixture

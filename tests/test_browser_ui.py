@@ -17,11 +17,9 @@ from playwright.sync_api import Browser, Page, Route, expect
 
 from tests.api_helpers import GALLERY, image_bytes
 from tests.browser_support import (
-    WIDTHS,
     PageLog,
     Server,
     gallery_image,
-    launch_browser,
     open_page,
     run_server,
     screenshot,
@@ -34,21 +32,6 @@ CJK = re.compile(r"[\u4e00-\u9fff]")
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, toy_model_dir: Path) -> Iterator[Server]:
     yield from run_server(tmp_path_factory.mktemp("browser-ui"), toy_model_dir)
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Browser]:
-    yield from launch_browser()
-
-
-@pytest.fixture(params=WIDTHS, ids=lambda w: f"{w}px")
-def width(request: pytest.FixtureRequest) -> int:
-    return int(request.param)
-
-
-@pytest.fixture
-def log() -> PageLog:
-    return PageLog()
 
 
 @pytest.fixture
