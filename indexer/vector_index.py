@@ -13,12 +13,9 @@ copied into place is rebuilt from SQL, never adopted with another catalog's vect
 
 from __future__ import annotations
 
-import json
 import logging
 import os
-import struct
 import threading
-import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,18 +24,11 @@ from typing import Any
 import faiss
 import numpy as np
 
-from indexer.disk_full import write_atomically
+from indexer.index_file import IndexFileError, read_index_file, write_index_file
 from indexer.index_spec import FLAT, IndexSpec, InvalidIndexDescription, parse_index
 from indexer.vector_store import FetchVectors, SearchTuning
-from retrieval.json_text import loads
 
 log = logging.getLogger(__name__)
-
-MAGIC = b"CNCLIPIX1"
-
-
-class IndexFileError(Exception):
-    """A saved index that cannot be used (missing, truncated, corrupt, other dim/model)."""
 
 
 class ReadWriteLock:
@@ -236,10 +226,10 @@ class VectorIndex:
 
     # --- files ------------------------------------------------------------------------------------
     def save(self, path: Path) -> None:
-        """Write atomically: temp file in the same folder, fsync, rename, fsync the folder. A full
-        disk is `StorageFull`; a failed save removes its temp file."""
+        """Write atomically (indexer/index_file.py: streamed, temp file, fsync, rename, fsync the
+        folder). A full disk is `StorageFull`; a failed save removes its temp file."""
         with self.lock.read():
-            meta = {
+            header = {
                 "dim": self.dim,
                 "factory": self.factory,
                 "active": self.active,
@@ -247,11 +237,7 @@ class VectorIndex:
                 "owner": self.owner,
                 "tombstones": sorted(self.tombstones),
             }
-            body = memoryview(faiss.serialize_index(self.index))  # type: ignore[arg-type]  # no 2 GB copy
-        header = json.dumps(meta).encode()
-        crc = zlib.crc32(body, zlib.crc32(header))
-        prefix = MAGIC + struct.pack("<IQ", len(header), len(body)) + header
-        write_atomically(path, [prefix, body, struct.pack("<I", crc)], "save")
+            write_index_file(path, header, self.index)
         dir_fd = os.open(path.parent, os.O_RDONLY)
         try:
             os.fsync(dir_fd)
@@ -271,38 +257,29 @@ class VectorIndex:
         """The index saved at `path`; IndexFileError says why it cannot be used. With `owner` (what
         a store opens), a file whose header names another owner, or none (saved before owners were
         written), is refused too: its ids may be another catalog's."""
-        try:
-            raw = path.read_bytes()
-        except FileNotFoundError as exc:
-            raise IndexFileError("no index file") from exc
-        head = len(MAGIC) + struct.calcsize("<IQ")
-        if len(raw) < head + 4 or not raw.startswith(MAGIC):
-            raise IndexFileError("not an index file")
-        header_len, body_len = struct.unpack("<IQ", raw[len(MAGIC) : head])
-        if len(raw) != head + header_len + body_len + 4:
-            raise IndexFileError("truncated index file")
-        header = raw[head : head + header_len]
-        body = raw[head + header_len : head + header_len + body_len]
-        (crc,) = struct.unpack("<I", raw[-4:])
-        if zlib.crc32(body, zlib.crc32(header)) != crc:
-            raise IndexFileError("checksum mismatch")
-        try:
-            meta = loads(header)
-            made_for = (meta["dim"], meta["factory"], meta["model"])
-            active, tombstones = str(meta["active"]), {int(t) for t in meta["tombstones"]}
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            raise IndexFileError("unreadable header") from exc
-        if made_for != (dim, factory, model):
-            raise IndexFileError("made for another dim, factory or model")
-        if owner is not None and meta.get("owner") != owner:
-            raise IndexFileError(f"made for another collection or catalog (owner {meta.get('owner')!r}, not {owner!r})")
-        loaded = cls(dim, factory, model, tuning, meta.get("owner") or "")
-        if active != "Flat" and loaded.parsed is None:
-            # Trained by an older version from a description this one does not parse: rebuild as Flat.
-            raise IndexFileError(f"trained as {factory!r}, an index this version does not build")
-        loaded.index = faiss.deserialize_index(np.frombuffer(body, dtype=np.uint8))  # type: ignore[assignment]
-        loaded.active = active
-        loaded.tombstones = tombstones
+        loaded = cls(dim, factory, model, tuning, owner or "")
+
+        def accept(meta: dict[str, Any]) -> None:
+            try:
+                made_for = (meta["dim"], meta["factory"], meta["model"])
+                loaded.active, loaded.tombstones = str(meta["active"]), {int(t) for t in meta["tombstones"]}
+            except (ValueError, KeyError, TypeError, AttributeError) as exc:
+                raise IndexFileError("unreadable header") from exc
+            if made_for != (dim, factory, model):
+                raise IndexFileError("made for another dim, factory or model")
+            if owner is not None and meta.get("owner") != owner:
+                raise IndexFileError(
+                    f"made for another collection or catalog (owner {meta.get('owner')!r}, not {owner!r})"
+                )
+            loaded.owner = meta.get("owner") or ""
+            if loaded.active != "Flat" and loaded.parsed is None:
+                # Trained by an older version from a description this one does not parse: rebuild as Flat.
+                raise IndexFileError(f"trained as {factory!r}, an index this version does not build")
+
+        _, index = read_index_file(path, accept)
+        if not isinstance(index, faiss.IndexIDMap2):
+            raise IndexFileError("not an id-mapped index")
+        loaded.index = index
         return loaded
 
 

@@ -14,7 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import build_cli
-from indexer.vector_index import MAGIC, IndexFileError, VectorIndex
+from indexer.index_file import MAGIC
+from indexer.vector_index import IndexFileError, VectorIndex
 from retrieval.errors import ModelError
 from retrieval.json_text import JSONTooDeep, loads
 from retrieval.manifest import ModelManifest
