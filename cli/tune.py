@@ -24,7 +24,10 @@ def tune(
     ] = 900.0,
     backend: Annotated[str, typer.Option(help="Comma-separated backends to try (default: every usable one).")] = "",
     objective: Annotated[str, typer.Option(help="latency (one stream) or throughput (measures streams).")] = "latency",
-    memory_budget_mb: Annotated[int, typer.Option(min=0, help="Bound for the weight copies, MB (0: none).")] = 0,
+    memory_budget_mb: Annotated[
+        str,
+        typer.Option(help="Bound for the weight copies: auto (one copy of each tower + 400 MB), MB, or 0 (none)."),
+    ] = "auto",
     buckets: Annotated[str, typer.Option(help="Comma-separated batch buckets (default: all the model has).")] = "",
 ) -> None:
     """Measure every usable backend × precision (that passes the quality gate) × prepacked/shared weights
@@ -33,16 +36,21 @@ def tune(
     from rich.progress import Progress
 
     from retrieval.errors import CnclipError
+    from retrieval.memory_budget import parse_budget
     from retrieval.tune import TuneOptions
     from retrieval.tune_report import tune_and_write
 
+    try:
+        budget = parse_budget(memory_budget_mb)
+    except CnclipError as exc:  # a usage error: exit 2, like typer's own checks
+        raise typer.BadParameter(str(exc), param_hint="--memory-budget-mb") from exc
     options = TuneOptions(
         rounds=rounds,
         seconds=seconds,
         time_limit=time_limit,
         backends=[b.strip() for b in backend.split(",") if b.strip()],
         objective=objective,
-        memory_budget_mb=memory_budget_mb,
+        memory_budget_mb=budget,
         buckets=ints(buckets) if buckets else (),
     )
     with Progress(console=Console(stderr=True), transient=True) as bar:

@@ -11,7 +11,7 @@ documented in the settings table of docs/settings.md; a test keeps the two in sy
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -60,11 +60,11 @@ class RuntimeSettings(BaseSettings):
         description="The tuning file `cnclip tune` wrote; unset = tuning.json in the model directory. Used only "
         "when it was made for this model on this machine.",
     )
-    memory_budget_mb: int = Field(
-        0,
-        ge=0,
+    memory_budget_mb: Literal["auto"] | Annotated[int, Field(ge=0)] = Field(
+        "auto",
         description="Upper bound for the towers' weight copies in MB (shared copies once, each prepacked or "
-        "OpenVINO session once more); tuned prepacked sessions are dropped to fit. 0 = no bound.",
+        "OpenVINO session once more); tuned prepacked sessions are dropped to fit. auto = one copy of each "
+        "tower + 400 MB (or the budget the tuning file was made with); 0 = no bound.",
     )
     device_id: int = Field(0, description="NPU/GPU device index.")
     buckets: list[int] = Field(

@@ -90,7 +90,7 @@ class LocalEncoder:
         log.log(outcome.level, "%s", outcome.line)
         plans = plan_towers(self.settings, self.manifest, outcome.tuning)
         self.text_lengths = self._plan_text_lengths(plans["text"].graph)
-        self.plans = fit_budget(plans, self.manifest, self.settings.memory_budget_mb, self._shape_count)
+        self.plans = fit_budget(plans, self.manifest, self.settings.memory_budget_mb, self._shape_count, outcome.tuning)
         for tower, plan in self.plans.items():
             self.precision[tower], self.buckets[tower] = plan.precision, plan.buckets
         self.provider = self.plans["text"].device

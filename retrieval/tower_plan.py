@@ -6,8 +6,8 @@ backend's defaults (`auto` means ONNX Runtime, exactly what ran before backends 
 int8 on CPU where the model has it, fp16 on NPU/GPU, one shared weight copy per tower). An explicit
 `CNCLIP_PRECISION` wins over the tuning file. A run precision that the manifest's quality-gate record
 says failed for a tower (`extra.gate`, written by `cnclip convert`) is never picked by `auto` and is
-refused when asked for. `CNCLIP_MEMORY_BUDGET_MB` bounds the weight copies: tuned prepacked shapes
-are dropped, least useful first, until the plan fits.
+refused when asked for. `CNCLIP_MEMORY_BUDGET_MB` bounds the weight copies (retrieval/memory_budget.py): tuned prepacked
+shapes are dropped, least useful first, until the plan fits.
 
 Everything backend-specific is asked of the backend's record (retrieval/backends/).
 """
@@ -28,6 +28,7 @@ from retrieval.config import RuntimeSettings
 from retrieval.errors import EncoderUnavailable, ModelError
 from retrieval.gate import recorded_failures
 from retrieval.manifest import ModelManifest
+from retrieval.memory_budget import BudgetSetting, resolve_budget
 from retrieval.tuning import Shape, TowerChoice, TuningFile, parse_shape_key, shape_key
 from retrieval.types import TOWERS
 
@@ -222,14 +223,18 @@ def plan_bytes(plan: TowerPlan, shapes: int, copy_bytes: int) -> int:
 
 
 def fit_budget(
-    plans: dict[str, TowerPlan], manifest: ModelManifest, budget_mb: int, shapes_of: Callable[[TowerPlan], int]
+    plans: dict[str, TowerPlan],
+    manifest: ModelManifest,
+    setting: BudgetSetting,
+    shapes_of: Callable[[TowerPlan], int],
+    tuning: TuningFile | None = None,
 ) -> dict[str, TowerPlan]:
-    """Drop prepacked shapes (the smallest measured gain first) until the weight copies fit `budget_mb`;
-    a plan that cannot fit even then is a `ModelError` naming what it needs."""
-    if budget_mb <= 0:
-        return plans
-    budget = budget_mb << 20
+    """Drop prepacked shapes (the smallest measured gain first) until the weight copies fit the
+    budget (retrieval/memory_budget.py); a plan that cannot fit even then is a `ModelError` naming
+    what it needs under an explicit budget, a warning under `auto`."""
     copies = {t: weight_bytes(manifest, t, p.graph) for t, p in plans.items()}
+    tuned = tuning.memory_budget_mb if tuning is not None and _tuned(plans) else None
+    budget = resolve_budget(setting, sum(copies.values()) / 2**20, tuned)
 
     def total() -> int:
         return sum(plan_bytes(p, shapes_of(p), copies[t]) for t, p in plans.items())
@@ -240,20 +245,23 @@ def fit_budget(
         key=lambda c: c[0],
     )
     for _gain, tower, shape in candidates:
-        if total() <= budget:
+        if budget.allows(total() / 2**20):
             break
         plans[tower] = dataclasses.replace(plans[tower], prepack=plans[tower].prepack - {shape})
-        log.info(
-            "memory budget %d MB: %s %s shares the weights instead of its own prepacked copy",
-            budget_mb,
-            tower,
-            shape_key(shape),
-        )
-    needed = total()
-    if needed > budget:
+        log.info("memory budget (%s): %s %s shares the weights instead of its own prepacked copy",
+                 budget.source, tower, shape_key(shape))  # fmt: skip
+    needed = total() / 2**20
+    if budget.allows(needed):
+        return plans
+    what = ", ".join(f"{t}: {p.placement()} {p.precision}, {p.weights_words()}" for t, p in plans.items())
+    if budget.strict:
         raise ModelError(
-            f"CNCLIP_MEMORY_BUDGET_MB={budget_mb} but the towers' weights need {needed / 2**20:.0f} MB here "
-            f"({', '.join(f'{t}: {p.placement()} {p.precision}, {p.weights_words()}' for t, p in plans.items())}); "
+            f"CNCLIP_MEMORY_BUDGET_MB={budget.mb} but the towers' weights need {needed:.0f} MB here ({what}); "
             "raise the budget, or run a backend that shares weights (onnxruntime on the CPU)"
         )
+    log.info("the towers' weights need %.0f MB, over the memory budget (%s): %s", needed, budget.source, what)
     return plans
+
+
+def _tuned(plans: dict[str, TowerPlan]) -> bool:
+    return any(p.source == "tuning file" for p in plans.values())

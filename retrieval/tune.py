@@ -35,9 +35,11 @@ from retrieval.backends.onnxruntime import ONNXRUNTIME
 from retrieval.errors import InvalidInput, ModelError
 from retrieval.gate import Candidate, GateResult, recorded_failures, run_gate, tower_shapes
 from retrieval.manifest import ModelManifest
+from retrieval.memory_budget import BudgetSetting, resolve_budget
 from retrieval.sessions import dummy_batch
 from retrieval.shared_weights import SharedWeights
 from retrieval.tower_plan import weight_bytes
+from retrieval.tune_memory import fit_prepacks, fit_towers
 from retrieval.tuning import (
     Fingerprint,
     Measurement,
@@ -74,7 +76,7 @@ class TuneOptions:
     time_limit: float = 900.0  # seconds for the measurements; rounds stop early past it
     backends: Sequence[str] = ()  # empty: every usable backend
     objective: str = "latency"
-    memory_budget_mb: int = 0
+    memory_budget_mb: BudgetSetting = "auto"
     buckets: Sequence[int] = ()  # empty: every bucket the model has
     cores: list[int] = field(default_factory=lambda: sorted(os.sched_getaffinity(0)))
 
@@ -235,32 +237,6 @@ def choose_tower(
     return winner, shapes
 
 
-def fit_prepacks(choices: dict[str, TowerChoice], copy_mb: dict[str, float], budget_mb: int) -> dict[str, TowerChoice]:
-    """Drop prepacked shapes, the smallest gain first, until the weight copies fit the budget (0: none)."""
-    if budget_mb <= 0:
-        return choices
-
-    def total() -> float:
-        mb = 0.0
-        for tower, choice in choices.items():
-            shared = any(not v.prepack for v in choice.shapes.values()) or not choice.shapes
-            own = sum(v.prepack for v in choice.shapes.values())
-            mb += copy_mb[tower] * ((1 if shared else 0) + choice.streams * own)
-        return mb
-
-    ranked = sorted(
-        ((v.prepack_gain or 1.0, t, k) for t, c in choices.items() for k, v in c.shapes.items() if v.prepack),
-        key=lambda item: item[0],
-    )
-    for _gain, tower, key in ranked:
-        if total() <= budget_mb:
-            break
-        shapes = dict(choices[tower].shapes)
-        shapes[key] = shapes[key].model_copy(update={"prepack": False})
-        choices[tower] = choices[tower].model_copy(update={"shapes": shapes})
-    return choices
-
-
 def measure_streams(
     manifest: ModelManifest, tower: str, candidate: Candidate, shape: Shape, cores: list[int], seconds: float
 ) -> dict[int, float]:
@@ -304,12 +280,19 @@ def run_tune(model_dir: Path, options: TuneOptions, progress: Progress = lambda 
         if not cs:
             raise ModelError(f"no backend and precision of the {tower} tower passed the quality gate here")
     samples = measure(manifest, passed, options, progress)
+    shapes_of = {t: partial(_candidate_shapes, manifest, t, options.buckets) for t in TOWERS}
+    winners = {t: choose_tower(t, passed[t], samples, shapes_of[t]) for t in TOWERS}
+    copy_mb = {t: weight_bytes(manifest, t, w.graph) / 2**20 for t, (w, _) in winners.items()}
+    budget = resolve_budget(options.memory_budget_mb, sum(copy_mb.values()))
+
+    def sharing(tower: str) -> tuple[Candidate, dict[Shape, ShapeChoice]] | None:
+        shared = [c for c in passed[tower] if c.backend.shares_weights(c.device)]
+        return choose_tower(tower, shared, samples, shapes_of[tower]) if shared else None
+
+    winners, notes = fit_towers(winners, sharing, lambda t, c: weight_bytes(manifest, t, c.graph) / 2**20, budget)
+    skipped.extend(notes)
     choices: dict[str, TowerChoice] = {}
-    copy_mb: dict[str, float] = {}
-    for tower in TOWERS:
-        winner, shapes = choose_tower(
-            tower, passed[tower], samples, partial(_candidate_shapes, manifest, tower, options.buckets)
-        )
+    for tower, (winner, shapes) in winners.items():
         streams = 1
         if options.objective == "throughput" and len(options.cores) > 1:
             largest = max(shapes, key=lambda s: (s[0], s[1] or 0))
@@ -323,14 +306,14 @@ def run_tune(model_dir: Path, options: TuneOptions, progress: Progress = lambda 
             shapes={shape_key(s): v for s, v in shapes.items()},
         )
         copy_mb[tower] = weight_bytes(manifest, tower, winner.graph) / 2**20
-    choices = fit_prepacks(choices, copy_mb, options.memory_budget_mb)
+    choices = fit_prepacks(choices, copy_mb, budget)
     tuning = TuningFile(
         format=1,
         model_id=manifest.model_id,
         created=now_utc(),
         fingerprint=Fingerprint(**machine_fingerprint()),
         objective=options.objective,  # type: ignore[arg-type]
-        memory_budget_mb=options.memory_budget_mb,
+        memory_budget_mb=budget.mb,
         towers=choices,  # type: ignore[arg-type]
         gate=[r.to_json() for r in gate],
         measurements=_measurements(samples, found),

@@ -1,0 +1,96 @@
+"""The memory budget for the towers' weight copies (retrieval/memory_budget.py): `auto` by default,
+what the tuner does within it (moves a tower off a copy-per-session backend, then drops prepacked
+shapes) and what the runtime does with a tuning file's budget."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from api.config import Settings
+from cli.main import build_cli
+from retrieval.errors import InvalidInput
+from retrieval.gate import Candidate
+from retrieval.memory_budget import AUTO_EXTRA_MB, Budget, parse_budget, resolve_budget
+from retrieval.tune_memory import fit_towers
+from retrieval.tuning import ShapeChoice
+from tests.test_tuning import start, tuning_for
+
+
+def test_auto_is_the_default_and_means_one_copy_per_tower_plus_the_extra() -> None:
+    assert Settings().memory_budget_mb == "auto"
+    auto = resolve_budget("auto", 184.2)
+    assert (auto.mb, auto.strict) == (185 + AUTO_EXTRA_MB, False)
+    assert resolve_budget("auto", 184.2, tuned_mb=3000).mb == 3000  # a tuning file brings its own
+    assert resolve_budget("auto", 184.2, tuned_mb=0).allows(10**9)  # tuned without a bound
+    assert resolve_budget(700, 184.2, tuned_mb=3000) == Budget(700, True, "700 MB")  # explicit wins
+    assert resolve_budget(0, 184.2).allows(10**9)
+
+
+@pytest.mark.parametrize("text", ["-1", "1e3", "５", "auto!", "", "9" * 12])
+def test_a_budget_that_is_not_auto_or_whole_megabytes_is_refused(text: str) -> None:
+    with pytest.raises(InvalidInput, match="memory budget must be auto or a whole number"):
+        parse_budget(text)
+    assert parse_budget(" AUTO ") == "auto" and parse_budget("640") == 640
+
+
+def test_cnclip_tune_refuses_a_bad_budget_in_one_line(toy_model_dir: Path) -> None:
+    result = CliRunner().invoke(build_cli(), ["tune", "--model", str(toy_model_dir), "--memory-budget-mb", "lots"])
+    assert result.exit_code == 2, result.output
+    assert "--memory-budget-mb: the memory budget must be auto" in result.output and "Traceback" not in result.output
+
+
+def _candidate(name: str, shares: bool) -> Candidate:
+    backend = SimpleNamespace(name=name, shares_weights=lambda device: shares)
+    return Candidate(backend, "cpu", "int8", "int8")
+
+
+SHAPES = {(b, None): ShapeChoice(prepack=False, ms=1.0) for b in (1, 8, 16)}
+OWN, SHARED = _candidate("copies", shares=False), _candidate("sharing", shares=True)
+
+
+def test_the_tuner_moves_a_copy_per_session_tower_to_a_sharing_backend_only_when_over_budget() -> None:
+    winners = {"image": (OWN, SHAPES), "text": (SHARED, SHAPES)}
+
+    def sharing(tower: str) -> Any:
+        return (SHARED, SHAPES)
+
+    copy_mb = {"image": 100.0, "text": 100.0}
+    size = lambda tower, candidate: copy_mb[tower]  # noqa: E731
+    # The image tower on "copies" needs 3 × 100 MB, the text tower 100 MB: 400 fits 400.
+    kept, notes = fit_towers(winners, sharing, size, Budget(400, False, "auto"))
+    assert kept["image"][0] is OWN and notes == []
+    moved, notes = fit_towers(winners, sharing, size, Budget(399, False, "auto"))
+    assert moved["image"][0] is SHARED and moved["text"][0] is SHARED
+    assert notes == [
+        "copies cpu int8 image: its sessions would hold 300 MB of weight copies, over the memory budget (auto); "
+        "sharing cpu int8 shares one copy instead"
+    ]
+    unbounded, _ = fit_towers(winners, sharing, size, Budget(0, True, "0 MB"))
+    assert unbounded["image"][0] is OWN
+
+
+def test_auto_at_start_keeps_within_the_tuning_files_budget_and_never_refuses(
+    toy_model_dir: Path, tmp_path: Path, settings: Settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    text = {
+        "precision": "fp32",
+        "shapes": {"b1": {"prepack": True, "prepack_gain": 2.0}, "b4": {"prepack": True, "prepack_gain": 1.1}},
+    }
+    path = tmp_path / "t.json"
+    for tuned_mb, prepacked in ((3, {(1, None)}), (0, {(1, None), (4, None)})):
+        path.write_text(json.dumps({**tuning_for(toy_model_dir, text=text), "memory_budget_mb": tuned_mb}))
+        encoder = start(settings.model_copy(update={"tuning_file": path, "memory_budget_mb": "auto"}))
+        assert encoder.plans["text"].prepack == prepacked
+    # A budget the shared copies alone exceed: under auto, a line and the plan without prepacking.
+    path.write_text(json.dumps({**tuning_for(toy_model_dir, text=text), "memory_budget_mb": 1}))
+    with caplog.at_level(logging.INFO, logger="retrieval.tower_plan"):
+        encoder = start(settings.model_copy(update={"tuning_file": path, "memory_budget_mb": "auto"}))
+    assert encoder.plans["text"].prepack == frozenset()
+    assert "over the memory budget (the tuning file's 1 MB)" in caplog.text
