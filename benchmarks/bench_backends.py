@@ -11,6 +11,9 @@ Configurations (the same graphs and weights, one stream on all cores):
 - **OpenVINO int8** (the model's `int8-qdq` graphs, NNCF), **OpenVINO bf16** (where the CPU computes
   bf16), **OpenVINO fp32** (pinned) and **OpenVINO default** (no precision hint: what OpenVINO picks
   by itself, bf16 on AMX/AVX512_BF16 CPUs);
+- **tuned** (with `--tuning FILE`): what `cnclip serve` runs with that tuning file — per tower its
+  backend and precision, per shape prepacked or shared — and a last column: tuned ÷ the fastest
+  configuration of the same case (issue 24 asks ≤ 1.10);
 - **PyTorch**: the best of `benchmarks/torch_baselines.py`'s four options (when the model has a torch twin).
 GEMM peaks (GOP/s, all cores): ONNX Runtime int8/fp32 (`benchmarks/peak.py`), and through OpenVINO
 fp32, bf16 and int8 (an NNCF-quantized GEMM) on the same shapes. Ratios are against *shipped*.
@@ -65,6 +68,28 @@ def configurations(manifest: ModelManifest) -> list[tuple[str, Candidate, str]]:
             if precision in offered:
                 out.append((f"OpenVINO {precision}", Candidate(ov, "CPU", precision, offered[precision]), "own"))
         out.append(("OpenVINO default", Candidate(ov, "CPU", "default", "fp32"), "own"))
+    return out
+
+
+def tuned_configurations(
+    manifest: ModelManifest, path: Path
+) -> dict[tuple[str, int, int | None], tuple[Candidate, str]]:
+    """The tuning file's (candidate, weights mode) for each case."""
+    from retrieval.tuning import TuningFile
+
+    tuning = TuningFile.model_validate_json(path.read_text(encoding="utf-8"))
+    out = {}
+    for case in CASES:
+        tower, bucket, length = case
+        choice = tuning.towers[tower]  # type: ignore[index]
+        backend = backend_named(choice.backend)
+        graph = backend.precisions(choice.device, manifest.towers[tower].precisions())[choice.precision]
+        full = length if length and length < manifest.context_length else None
+        if (bucket, full) in choice.prepacked():
+            mode = "prepacked"
+        else:
+            mode = "shared" if backend.shares_weights(choice.device) else "own"
+        out[case] = (Candidate(backend, choice.device, choice.precision, graph), mode)
     return out
 
 
@@ -151,13 +176,15 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--no-torch", action="store_true")
     parser.add_argument("--no-peak", action="store_true")
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--tuning", type=Path, help="a tuning file: adds the tuned column (what serve runs with it)")
     args = parser.parse_args(argv)
     manifest = ModelManifest.load(args.model)
     load_before = os.getloadavg()[0]
     runners: dict[tuple[str, str], Runner] = {}
     configs = configurations(manifest)
+    tuned = tuned_configurations(manifest, args.tuning) if args.tuning else {}
     for case in CASES:
-        for label, candidate, mode in configs:
+        for label, candidate, mode in configs + ([("tuned", *tuned[case])] if case in tuned else []):
             runner = open_runner(manifest, case, label, candidate, mode)
             if runner is not None:
                 runners[case_label(*case), label] = runner
@@ -189,8 +216,8 @@ def _report(
         f" engines {', '.join(f'{b.name} {b.version()}' for b in BACKENDS if b.version())}",
         f"- {args.rounds} interleaved rounds × {args.seconds:g} s; ms per run, median (min–max), × shipped",
         "",
-        "| case | " + " | ".join(labels) + " | best PyTorch |",
-        "| --- |" + " --- |" * (len(labels) + 1),
+        "| case | " + " | ".join(labels) + " | best PyTorch |" + (" tuned ÷ fastest |" if "tuned" in labels else ""),
+        "| --- |" + " --- |" * (len(labels) + 1 + ("tuned" in labels)),
     ]
     for case in CASES:
         name = case_label(*case)
@@ -207,6 +234,10 @@ def _report(
             med = statistics.median(values)
             ratio = f", {statistics.median(shipped) / med:.2f}×" if shipped else ""
             cells.append(f"{med:.2f} ({min(values):.2f}–{max(values):.2f}){ratio}")
+        if "tuned" in labels:
+            medians = {lb: statistics.median(v) for (n, lb), v in samples.items() if n == name}
+            fastest = min(medians, key=lambda lb: medians[lb])
+            cells.append(f"{medians['tuned'] / medians[fastest]:.2f} (fastest: {fastest})")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     if not args.no_peak:
         lines += [

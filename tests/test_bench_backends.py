@@ -42,3 +42,22 @@ def test_the_side_by_side_smoke_run(tmp_path: Path) -> None:
         assert "1.00×" in row.split("|")[2]  # shipped against itself
         assert row.count("×") == len(expected) + 1  # every engine measured; PyTorch skipped (--no-torch)
     assert "CPU has" in report and "load average" in report
+
+
+def test_the_tuned_column_runs_what_the_tuning_file_chose(tmp_path: Path) -> None:
+    import json
+
+    from tests.test_tuning import tuning_for
+
+    model = tmp_path / "model"
+    write_toy_model(model, buckets=(1, 8, 16), text_lengths=(16,))
+    text = {"precision": "fp32", "shapes": {"b1.l16": {"prepack": True, "prepack_gain": 1.5}}}
+    (tmp_path / "t.json").write_text(json.dumps(tuning_for(model, text=text)))
+    report = main(["--model", str(model), "--rounds", "1", "--seconds", "0.01", "--no-torch", "--no-peak"]
+                  + ["--tuning", str(tmp_path / "t.json")])  # fmt: skip
+    header = next(line for line in report.splitlines() if line.startswith("| case |"))
+    assert header.rstrip().endswith("| tuned | best PyTorch | tuned ÷ fastest |")
+    for case in CASES:
+        row = next(line for line in report.splitlines() if line.startswith(f"| {case_label(*case)} |"))
+        ratio = float(row.split("|")[-2].split()[0])
+        assert ratio >= 1.0 and "(fastest: " in row  # the fastest of the same case, tuned included
