@@ -210,10 +210,12 @@ def _graph_weight_bytes(path: Path) -> int:
     return total
 
 
-def weight_bytes(manifest: ModelManifest, tower: str, graph: str) -> int:
-    """One copy of a tower's weights in a graph variant (its smallest bucket graph's initializers)."""
+def weight_bytes(manifest: ModelManifest, tower: str, graph: str, precision: str = "") -> int:
+    """One copy of a tower's weights in a graph variant (its smallest bucket graph's initializers);
+    a float graph run in bf16/fp16 (OpenVINO's precision hint) keeps its weights at 2 bytes."""
     bucket = min(manifest.towers[tower].buckets(graph))
-    return _graph_weight_bytes(manifest.graph_path(tower, graph, bucket))
+    size = _graph_weight_bytes(manifest.graph_path(tower, graph, bucket))
+    return size // 2 if graph == "fp32" and precision in ("bf16", "fp16") else size
 
 
 def plan_bytes(plan: TowerPlan, shapes: int, copy_bytes: int) -> int:
@@ -232,7 +234,7 @@ def fit_budget(
     """Drop prepacked shapes (the smallest measured gain first) until the weight copies fit the
     budget (retrieval/memory_budget.py); a plan that cannot fit even then is a `ModelError` naming
     what it needs under an explicit budget, a warning under `auto`."""
-    copies = {t: weight_bytes(manifest, t, p.graph) for t, p in plans.items()}
+    copies = {t: weight_bytes(manifest, t, p.graph, p.precision) for t, p in plans.items()}
     tuned = tuning.memory_budget_mb if tuning is not None and _tuned(plans) else None
     budget = resolve_budget(setting, sum(copies.values()) / 2**20, tuned)
 

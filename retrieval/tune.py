@@ -196,45 +196,52 @@ def _median(values: list[float]) -> float:
     return statistics.median(values)
 
 
-def choose_tower(
+def rank_tower(
     tower: str,
     options_: list[Candidate],
     samples: dict[tuple[str, Shape, str], list[float]],
     shapes_of: Callable[[Candidate], list[Shape]],
-) -> tuple[Candidate, dict[Shape, ShapeChoice]]:
-    """The candidate closest to each shape's fastest (geometric mean of ratios), and its per-shape weights."""
-
-    def best_ms(candidate: Candidate, shape: Shape) -> float:
-        modes = ("shared", "prepacked", "own")
-        times = [_median(v) for m in modes if (v := samples.get((tower, shape, f"{candidate.label} {m}")))]
-        return min(times) if times else math.inf
-
-    measured = [c for c in options_ if all(best_ms(c, s) < math.inf for s in shapes_of(c))]
+) -> list[tuple[float, Candidate]]:
+    """Every measured candidate with its score, best first: the geometric mean over the tower's shapes
+    of its time ÷ the shape's fastest (1.0: fastest everywhere)."""
+    measured = [c for c in options_ if all(_best_ms(samples, tower, c, s) < math.inf for s in shapes_of(c))]
     if not measured:
         raise ModelError(f"no configuration of the {tower} tower could be measured")
     fastest: dict[Shape, float] = {}
     for c in measured:
         for s in shapes_of(c):
-            fastest[s] = min(fastest.get(s, math.inf), best_ms(c, s))
+            fastest[s] = min(fastest.get(s, math.inf), _best_ms(samples, tower, c, s))
 
     def score(c: Candidate) -> float:
-        ratios = [best_ms(c, s) / fastest[s] for s in shapes_of(c)]
+        ratios = [_best_ms(samples, tower, c, s) / fastest[s] for s in shapes_of(c)]
         return math.exp(sum(math.log(r) for r in ratios) / len(ratios))
 
-    winner = min(measured, key=score)  # ties: the backend's order of preference (min keeps the first)
-    shapes: dict[Shape, ShapeChoice] = {}
-    for s in shapes_of(winner):
+    # Ties keep the backend's order of preference (sorted is stable).
+    return sorted(((score(c), c) for c in measured), key=lambda sc: sc[0])
+
+
+def _best_ms(samples: dict[tuple[str, Shape, str], list[float]], tower: str, c: Candidate, shape: Shape) -> float:
+    times = [_median(v) for m in ("shared", "prepacked", "own") if (v := samples.get((tower, shape, f"{c.label} {m}")))]
+    return min(times) if times else math.inf
+
+
+def shape_choices(
+    tower: str, winner: Candidate, samples: dict[tuple[str, Shape, str], list[float]], shapes: list[Shape]
+) -> dict[Shape, ShapeChoice]:
+    """Per shape of the chosen candidate: prepacked where that is at least PREPACK_GAIN faster."""
+    out: dict[Shape, ShapeChoice] = {}
+    for s in shapes:
         shared = samples.get((tower, s, f"{winner.label} shared"))
         packed = samples.get((tower, s, f"{winner.label} prepacked"))
         if shared and packed:
             gain = _median(shared) / _median(packed)
             keep = gain >= PREPACK_GAIN
-            shapes[s] = ShapeChoice(
+            out[s] = ShapeChoice(
                 prepack=keep, ms=round(min(_median(shared), _median(packed)), 3), prepack_gain=round(gain, 3)
             )
         else:
-            shapes[s] = ShapeChoice(prepack=False, ms=round(best_ms(winner, s), 3))
-    return winner, shapes
+            out[s] = ShapeChoice(prepack=False, ms=round(_best_ms(samples, tower, winner, s), 3))
+    return out
 
 
 def measure_streams(
@@ -281,16 +288,16 @@ def run_tune(model_dir: Path, options: TuneOptions, progress: Progress = lambda 
             raise ModelError(f"no backend and precision of the {tower} tower passed the quality gate here")
     samples = measure(manifest, passed, options, progress)
     shapes_of = {t: partial(_candidate_shapes, manifest, t, options.buckets) for t in TOWERS}
-    winners = {t: choose_tower(t, passed[t], samples, shapes_of[t]) for t in TOWERS}
-    copy_mb = {t: weight_bytes(manifest, t, w.graph) / 2**20 for t, (w, _) in winners.items()}
-    budget = resolve_budget(options.memory_budget_mb, sum(copy_mb.values()))
+    ranked = {t: rank_tower(t, passed[t], samples, shapes_of[t]) for t in TOWERS}
 
-    def sharing(tower: str) -> tuple[Candidate, dict[Shape, ShapeChoice]] | None:
-        shared = [c for c in passed[tower] if c.backend.shares_weights(c.device)]
-        return choose_tower(tower, shared, samples, shapes_of[tower]) if shared else None
+    def copy_mb_of(tower: str, c: Candidate) -> float:
+        return weight_bytes(manifest, tower, c.graph, c.precision) / 2**20
 
-    winners, notes = fit_towers(winners, sharing, lambda t, c: weight_bytes(manifest, t, c.graph) / 2**20, budget)
+    budget = resolve_budget(options.memory_budget_mb, sum(copy_mb_of(t, r[0][1]) for t, r in ranked.items()))
+    picked, notes = fit_towers(ranked, lambda t, c: len(shapes_of[t](c)), copy_mb_of, budget)
     skipped.extend(notes)
+    winners = {t: (c, shape_choices(t, c, samples, shapes_of[t](c))) for t, c in picked.items()}
+    copy_mb = {t: copy_mb_of(t, c) for t, c in picked.items()}
     choices: dict[str, TowerChoice] = {}
     for tower, (winner, shapes) in winners.items():
         streams = 1
@@ -305,7 +312,6 @@ def run_tune(model_dir: Path, options: TuneOptions, progress: Progress = lambda 
             streams=streams,
             shapes={shape_key(s): v for s, v in shapes.items()},
         )
-        copy_mb[tower] = weight_bytes(manifest, tower, winner.graph) / 2**20
     choices = fit_prepacks(choices, copy_mb, budget)
     tuning = TuningFile(
         format=1,

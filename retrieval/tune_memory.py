@@ -1,19 +1,22 @@
 """The tuner's choice within the memory budget (retrieval/memory_budget.py).
 
-Two levers, in this order: a tower whose fastest backend holds a weight copy per session (OpenVINO:
-one per batch bucket and text length) while even the shared copies would not fit moves to its fastest
-backend that shares one copy; then prepacked shapes are dropped, the smallest measured gain first.
+Two levers, in this order: per tower the candidate (backend × precision) — the combination of the
+two towers whose least memory fits (one copy where the backend shares weights, else one per batch
+bucket and text length, as OpenVINO holds them) and loses least speed (the product of the towers'
+scores); then prepacked shapes are dropped, the smallest measured gain first.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections.abc import Callable
 
 from retrieval.gate import Candidate
 from retrieval.memory_budget import Budget
-from retrieval.tuning import Shape, ShapeChoice, TowerChoice
+from retrieval.tuning import TowerChoice
 
-Winner = tuple[Candidate, dict[Shape, ShapeChoice]]
+Ranked = list[tuple[float, Candidate]]  # (score: 1.0 = fastest at every shape, candidate), best first
 
 
 def least_mb(candidate: Candidate, shapes: int, copy_mb: float) -> float:
@@ -22,31 +25,38 @@ def least_mb(candidate: Candidate, shapes: int, copy_mb: float) -> float:
 
 
 def fit_towers(
-    winners: dict[str, Winner],
-    sharing: Callable[[str], Winner | None],
+    ranked: dict[str, Ranked],
+    shapes_of: Callable[[str, Candidate], int],
     copy_mb_of: Callable[[str, Candidate], float],
     budget: Budget,
-) -> tuple[dict[str, Winner], list[str]]:
-    """Move towers to a weight-sharing backend, the largest holder first, until the least they can
-    take fits the budget; notes say what moved and why."""
-    winners, notes = dict(winners), []
+) -> tuple[dict[str, Candidate], list[str]]:
+    """One candidate per tower: of the combinations whose least memory fits the budget, the one with
+    the smallest product of scores (none fits: the smallest memory); notes say what gave way and why."""
+    towers = list(ranked)
 
-    def need(tower: str, winner: Winner) -> float:
-        return least_mb(winner[0], len(winner[1]), copy_mb_of(tower, winner[0]))
+    def need(tower: str, c: Candidate) -> float:
+        return least_mb(c, shapes_of(tower, c), copy_mb_of(tower, c))
 
-    for tower in sorted(winners, key=lambda t: -need(t, winners[t])):
-        total = sum(need(t, w) for t, w in winners.items())
-        if budget.allows(total) or winners[tower][0].backend.shares_weights(winners[tower][0].device):
-            continue
-        fallback = sharing(tower)
-        if fallback is None:
-            continue
-        notes.append(
-            f"{winners[tower][0].label} {tower}: its sessions would hold {need(tower, winners[tower]):.0f} MB of "
-            f"weight copies, over the memory budget ({budget.source}); {fallback[0].label} shares one copy instead"
-        )
-        winners[tower] = fallback
-    return winners, notes
+    combos = [dict(zip(towers, combo, strict=True)) for combo in itertools.product(*ranked.values())]
+
+    def total(combo: dict[str, tuple[float, Candidate]]) -> float:
+        return sum(need(t, c) for t, (_, c) in combo.items())
+
+    fitting = [combo for combo in combos if budget.allows(total(combo))]
+    if fitting:
+        best = min(fitting, key=lambda combo: math.prod(score for score, _ in combo.values()))
+    else:
+        best = min(combos, key=total)
+    notes = []
+    for tower, (score, chosen) in best.items():
+        top = ranked[tower][0][1]
+        if chosen is not top:
+            notes.append(
+                f"{top.label} {tower}: its sessions would hold {need(tower, top):.0f} MB of weight copies, over the "
+                f"memory budget ({budget.source}) beside the other tower; {chosen.label} instead "
+                f"({need(tower, chosen):.0f} MB, {score:.2f}× the fastest)"
+            )
+    return {t: c for t, (_, c) in best.items()}, notes
 
 
 def fit_prepacks(choices: dict[str, TowerChoice], copy_mb: dict[str, float], budget: Budget) -> dict[str, TowerChoice]:

@@ -8,7 +8,6 @@ import json
 import logging
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -19,7 +18,6 @@ from retrieval.errors import InvalidInput
 from retrieval.gate import Candidate
 from retrieval.memory_budget import AUTO_EXTRA_MB, Budget, parse_budget, resolve_budget
 from retrieval.tune_memory import fit_towers
-from retrieval.tuning import ShapeChoice
 from tests.test_tuning import start, tuning_for
 
 
@@ -51,29 +49,29 @@ def _candidate(name: str, shares: bool) -> Candidate:
     return Candidate(backend, "cpu", "int8", "int8")
 
 
-SHAPES = {(b, None): ShapeChoice(prepack=False, ms=1.0) for b in (1, 8, 16)}
 OWN, SHARED = _candidate("copies", shares=False), _candidate("sharing", shares=True)
 
 
-def test_the_tuner_moves_a_copy_per_session_tower_to_a_sharing_backend_only_when_over_budget() -> None:
-    winners = {"image": (OWN, SHAPES), "text": (SHARED, SHAPES)}
+def test_the_tuner_gives_up_the_least_speed_to_fit_the_budget() -> None:
+    # Each tower: a copy-per-session backend (3 shapes × 100 MB) fastest, a sharing one (100 MB) slower:
+    # the image tower loses 1.3× by sharing, the text tower 1.8×.
+    ranked = {"image": [(1.0, OWN), (1.3, SHARED)], "text": [(1.0, OWN), (1.8, SHARED)]}
 
-    def sharing(tower: str) -> Any:
-        return (SHARED, SHAPES)
+    def fit(mb: int) -> tuple[dict[str, str], list[str]]:
+        picked, notes = fit_towers(ranked, lambda tower, c: 3, lambda tower, c: 100.0, Budget(mb, False, "auto"))
+        return {t: c.backend.name for t, c in picked.items()}, notes
 
-    copy_mb = {"image": 100.0, "text": 100.0}
-    size = lambda tower, candidate: copy_mb[tower]  # noqa: E731
-    # The image tower on "copies" needs 3 × 100 MB, the text tower 100 MB: 400 fits 400.
-    kept, notes = fit_towers(winners, sharing, size, Budget(400, False, "auto"))
-    assert kept["image"][0] is OWN and notes == []
-    moved, notes = fit_towers(winners, sharing, size, Budget(399, False, "auto"))
-    assert moved["image"][0] is SHARED and moved["text"][0] is SHARED
+    assert fit(600) == ({"image": "copies", "text": "copies"}, [])
+    picked, notes = fit(599)  # one tower must share: the image tower, which loses less
+    assert picked == {"image": "sharing", "text": "copies"}
     assert notes == [
-        "copies cpu int8 image: its sessions would hold 300 MB of weight copies, over the memory budget (auto); "
-        "sharing cpu int8 shares one copy instead"
+        "copies cpu int8 image: its sessions would hold 300 MB of weight copies, over the memory budget (auto) "
+        "beside the other tower; sharing cpu int8 instead (100 MB, 1.30× the fastest)"
     ]
-    unbounded, _ = fit_towers(winners, sharing, size, Budget(0, True, "0 MB"))
-    assert unbounded["image"][0] is OWN
+    assert fit(400)[0] == {"image": "sharing", "text": "copies"}
+    assert fit(399)[0] == {"image": "sharing", "text": "sharing"}
+    assert fit(50)[0] == {"image": "sharing", "text": "sharing"}  # nothing fits: the least memory
+    assert fit(0)[0] == {"image": "copies", "text": "copies"}  # 0: no bound
 
 
 def test_auto_at_start_keeps_within_the_tuning_files_budget_and_never_refuses(
