@@ -312,7 +312,8 @@ def run_tune(model_dir: Path, options: TuneOptions, progress: Progress = lambda 
             streams=streams,
             shapes={shape_key(s): v for s, v in shapes.items()},
         )
-    choices = fit_prepacks(choices, copy_mb, budget)
+    shares = {t: c.backend.shares_weights(c.device) for t, c in picked.items()}
+    choices = fit_prepacks(choices, copy_mb, shares, budget)
     tuning = TuningFile(
         format=1,
         model_id=manifest.model_id,

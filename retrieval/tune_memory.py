@@ -59,12 +59,18 @@ def fit_towers(
     return {t: c for t, (_, c) in best.items()}, notes
 
 
-def fit_prepacks(choices: dict[str, TowerChoice], copy_mb: dict[str, float], budget: Budget) -> dict[str, TowerChoice]:
-    """Drop prepacked shapes, the smallest gain first, until the weight copies fit the budget."""
+def fit_prepacks(
+    choices: dict[str, TowerChoice], copy_mb: dict[str, float], shares: dict[str, bool], budget: Budget
+) -> dict[str, TowerChoice]:
+    """Drop prepacked shapes, the smallest gain first, until the weight copies fit the budget.
+    `shares[tower]`: whether its backend shares one copy at all (else every shape holds its own)."""
 
     def total() -> float:
         mb = 0.0
         for tower, choice in choices.items():
+            if not shares[tower]:
+                mb += copy_mb[tower] * choice.streams * max(len(choice.shapes), 1)
+                continue
             shared = any(not v.prepack for v in choice.shapes.values()) or not choice.shapes
             own = sum(v.prepack for v in choice.shapes.values())
             mb += copy_mb[tower] * ((1 if shared else 0) + choice.streams * own)

@@ -92,3 +92,21 @@ def test_auto_at_start_keeps_within_the_tuning_files_budget_and_never_refuses(
         encoder = start(settings.model_copy(update={"tuning_file": path, "memory_budget_mb": "auto"}))
     assert encoder.plans["text"].prepack == frozenset()
     assert "over the memory budget (the tuning file's 1 MB)" in caplog.text
+
+
+def test_prepacked_shapes_are_dropped_counting_a_copy_per_shape_where_the_backend_cannot_share() -> None:
+    from retrieval.tune_memory import fit_prepacks
+    from retrieval.tuning import ShapeChoice, TowerChoice
+
+    def tower(backend: str, gains: dict[str, float]) -> TowerChoice:
+        shapes = {k: ShapeChoice(prepack=g > 1, ms=1.0, prepack_gain=g) for k, g in gains.items()}
+        return TowerChoice(backend=backend, device="cpu", precision="int8", shapes=shapes)
+
+    choices = {
+        "image": tower("openvino", {"b1": 1.0, "b8": 1.0, "b16": 1.0}),  # three own copies, nothing to drop
+        "text": tower("onnxruntime", {"b1": 1.5, "b1.l16": 1.2, "b16": 1.0}),
+    }
+    fitted = fit_prepacks(choices, {"image": 100.0, "text": 100.0}, {"image": False, "text": True},
+                          Budget(500, False, "auto"))  # fmt: skip
+    # 300 (image) + the shared text copy 100 + one prepacked copy 100: the smaller gain went.
+    assert {k for k, v in fitted["text"].shapes.items() if v.prepack} == {"b1"}
