@@ -11,9 +11,9 @@ Configurations (the same graphs and weights, one stream on all cores):
 - **OpenVINO int8** (the model's `int8-qdq` graphs, NNCF), **OpenVINO bf16** (where the CPU computes
   bf16), **OpenVINO fp32** (pinned) and **OpenVINO default** (no precision hint: what OpenVINO picks
   by itself, bf16 on AMX/AVX512_BF16 CPUs);
-- **tuned** (with `--tuning FILE`): what `cnclip serve` runs with that tuning file — per tower its
-  backend and precision, per shape prepacked or shared — and a last column: tuned ÷ the fastest
-  configuration of the same case (issue 24 asks ≤ 1.10);
+- **tuned** (with `--tuning FILE`, repeatable: `tuned FILE-STEM` each): what `cnclip serve` runs with
+  that tuning file — per tower its backend and precision, per shape prepacked or shared — and a last
+  column each: tuned ÷ the fastest configuration of the same case (issue 24 asks ≤ 1.10);
 - **PyTorch**: the best of `benchmarks/torch_baselines.py`'s four options (when the model has a torch twin).
 GEMM peaks (GOP/s, all cores): ONNX Runtime int8/fp32 (`benchmarks/peak.py`), and through OpenVINO
 fp32, bf16 and int8 (an NNCF-quantized GEMM) on the same shapes. Ratios are against *shipped*.
@@ -91,6 +91,10 @@ def tuned_configurations(
             mode = "shared" if backend.shares_weights(choice.device) else "own"
         out[case] = (Candidate(backend, choice.device, choice.precision, graph), mode)
     return out
+
+
+def _tuned_label(path: Path, paths: list[Path]) -> str:
+    return "tuned" if len(paths) == 1 else f"tuned {path.stem}"
 
 
 def open_runner(
@@ -176,15 +180,17 @@ def main(argv: list[str] | None = None) -> str:
     parser.add_argument("--no-torch", action="store_true")
     parser.add_argument("--no-peak", action="store_true")
     parser.add_argument("--out", type=Path)
-    parser.add_argument("--tuning", type=Path, help="a tuning file: adds the tuned column (what serve runs with it)")
+    parser.add_argument(
+        "--tuning", type=Path, action="append", default=[], help="a tuning file: adds a tuned column (repeatable)"
+    )
     args = parser.parse_args(argv)
     manifest = ModelManifest.load(args.model)
     load_before = os.getloadavg()[0]
     runners: dict[tuple[str, str], Runner] = {}
     configs = configurations(manifest)
-    tuned = tuned_configurations(manifest, args.tuning) if args.tuning else {}
+    tuned = {_tuned_label(p, args.tuning): tuned_configurations(manifest, p) for p in args.tuning}
     for case in CASES:
-        for label, candidate, mode in configs + ([("tuned", *tuned[case])] if case in tuned else []):
+        for label, candidate, mode in configs + [(lb, *by_case[case]) for lb, by_case in tuned.items()]:
             runner = open_runner(manifest, case, label, candidate, mode)
             if runner is not None:
                 runners[case_label(*case), label] = runner
@@ -210,14 +216,15 @@ def _report(
     args: argparse.Namespace, manifest: ModelManifest, samples: dict[tuple[str, str], list[float]], load_before: float
 ) -> str:
     labels = list(dict.fromkeys(label for _, label in samples if not label.startswith("PyTorch")))
+    tuned = [_tuned_label(p, args.tuning) for p in args.tuning]
     lines = [
         f"- date: {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M} UTC; {len(os.sched_getaffinity(0))} cores; CPU {cpu_flags()}",
         f"- load average {load_before:.2f} before, {os.getloadavg()[0]:.2f} after; model {manifest.name} ({manifest.arch});"
         f" engines {', '.join(f'{b.name} {b.version()}' for b in BACKENDS if b.version())}",
         f"- {args.rounds} interleaved rounds × {args.seconds:g} s; ms per run, median (min–max), × shipped",
         "",
-        "| case | " + " | ".join(labels) + " | best PyTorch |" + (" tuned ÷ fastest |" if "tuned" in labels else ""),
-        "| --- |" + " --- |" * (len(labels) + 1 + ("tuned" in labels)),
+        "| case | " + " | ".join(labels) + " | best PyTorch |" + "".join(f" {lb} ÷ fastest |" for lb in tuned),
+        "| --- |" + " --- |" * (len(labels) + 1 + len(tuned)),
     ]
     for case in CASES:
         name = case_label(*case)
@@ -234,10 +241,10 @@ def _report(
             med = statistics.median(values)
             ratio = f", {statistics.median(shipped) / med:.2f}×" if shipped else ""
             cells.append(f"{med:.2f} ({min(values):.2f}–{max(values):.2f}){ratio}")
-        if "tuned" in labels:
-            medians = {lb: statistics.median(v) for (n, lb), v in samples.items() if n == name}
-            fastest = min(medians, key=lambda lb: medians[lb])
-            cells.append(f"{medians['tuned'] / medians[fastest]:.2f} (fastest: {fastest})")
+        medians = {lb: statistics.median(v) for (n, lb), v in samples.items() if n == name}
+        fastest = min(medians, key=lambda lb: medians[lb]) if medians else ""
+        for lb in tuned:
+            cells.append(f"{medians[lb] / medians[fastest]:.2f} (fastest: {fastest})" if lb in medians else "–")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
     if not args.no_peak:
         lines += [

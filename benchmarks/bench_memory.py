@@ -6,8 +6,9 @@
     # what sharing costs per run: bucket sessions of one tower, shared vs own copy, interleaved rounds
     python benchmarks/bench_memory.py latency --model /work/bench-models/vitb16-v1 --tower text --batches 1,8
 
-`serve` starts the server of this checkout (`CNCLIP_SHARE_WEIGHTS=true`, then `false`, on the CPU
-provider and an empty data directory), waits for /readyz (every bucket has run once), reads the
+`serve` starts the server of this checkout (`CNCLIP_SHARE_WEIGHTS=true`, then `false`, or with a
+tuning file and the default memory budget: `--modes share,tuned=FILE`; the CPU provider and an empty
+data directory), waits for /readyz (every bucket has run once), reads the
 process's VmRSS, VmHWM, RssAnon, RssFile and Pss, then sends each text and image bucket size twice
 (a session's arena grows again on its second run) and reads them again. The budget is the size of
 the loaded graph and data files plus 600 MB. `latency` opens the sessions as the encoder does
@@ -134,12 +135,17 @@ def run_serve(args: argparse.Namespace) -> None:
         with tempfile.TemporaryDirectory(prefix="bench-memory-") as data_dir:
             env = {
                 "CNCLIP_MODEL_DIR": str(model_dir),
-                "CNCLIP_PRECISION": args.precision,
                 "CNCLIP_PROVIDER": "cpu",
                 "CNCLIP_DATA_DIR": data_dir,
                 "CNCLIP_BUCKETS": json.dumps(buckets),
-                "CNCLIP_SHARE_WEIGHTS": "true" if mode == "share" else "false",
             }
+            if mode.startswith("tuned="):  # what the tuning file chose, the default memory budget (auto)
+                env["CNCLIP_TUNING_FILE"] = str(Path(mode.split("=", 1)[1]).resolve())
+                mode = f"tuned {Path(mode.split('=', 1)[1]).stem}"
+            else:
+                env["CNCLIP_PRECISION"] = args.precision
+                env["CNCLIP_SHARE_WEIGHTS"] = "true" if mode == "share" else "false"
+                env["CNCLIP_TUNING_FILE"] = str(Path(data_dir) / "none.json")  # no tuning file
             log_path = Path(data_dir) / "serve.log"
             started = time.perf_counter()
             with serve(env, log_path) as (proc, url):
@@ -147,7 +153,7 @@ def run_serve(args: argparse.Namespace) -> None:
                 moments = {"ready": process_memory(proc.pid)}
                 traffic(url, buckets)
                 moments["after traffic"] = process_memory(proc.pid)
-            lines = [line for line in log_path.read_text().splitlines() if "weights" in line]
+            lines = [line for line in log_path.read_text().splitlines() if "weights" in line or "budget" in line]
         report[mode] = moments
         print(f"{mode}: ready in {ready_s:.0f} s")
         for line in lines:
@@ -208,7 +214,9 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--model", required=True)
     s.add_argument("--precision", default="int8")
     s.add_argument("--buckets", default="1,4,8,16,32")
-    s.add_argument("--modes", default="share,no-share", help="share, no-share, or both (in that order)")
+    s.add_argument(
+        "--modes", default="share,no-share", help="comma-separated: share, no-share, tuned=TUNING_FILE (in that order)"
+    )
     s.add_argument("--json", help="also write the numbers here")
     lat = commands.add_parser("latency", help="per-run time of bucket sessions, shared vs own copy")
     lat.add_argument("--model", required=True)

@@ -39,7 +39,7 @@ from retrieval.memory_budget import BudgetSetting, resolve_budget
 from retrieval.sessions import dummy_batch
 from retrieval.shared_weights import SharedWeights
 from retrieval.tower_plan import weight_bytes
-from retrieval.tune_memory import fit_prepacks, fit_towers
+from retrieval.tune_memory import TowerMemory, fit_prepacks, fit_towers, rss_mb
 from retrieval.tuning import (
     Fingerprint,
     Measurement,
@@ -157,10 +157,12 @@ def measure(
     passed: dict[str, list[Candidate]],
     options: TuneOptions,
     progress: Progress,
-) -> dict[tuple[str, Shape, str], list[float]]:
-    """Interleaved rounds over every tower, configuration and shape; ms per round."""
+) -> tuple[dict[tuple[str, Shape, str], list[float]], dict[tuple[str, str], float]]:
+    """Interleaved rounds over every tower, configuration and shape: ms per round; and the MB each
+    configuration's sessions took (resident growth while they opened and ran once, all kept open)."""
     plan: list[tuple[str, Config, Shape]] = []
     opened = {}
+    memory: dict[tuple[str, str], float] = {}
     for tower, options_ in passed.items():
         for candidate in options_:
             modes = ["shared", "prepacked"] if candidate.backend.shares_weights(candidate.device) else ["own"]
@@ -168,7 +170,11 @@ def measure(
                 config = Config(candidate, mode)
                 shapes = _shapes(manifest, tower, candidate.graph, options.buckets)
                 progress(f"opening {tower} {config.label}", 0, 1)
+                before = rss_mb()
                 opened[tower, config.label] = open_config(manifest, tower, config, shapes, options.cores)
+                for (bucket, length), session in opened[tower, config.label].items():
+                    session.run(dummy_batch(tower, bucket, manifest.image_size, length or manifest.context_length))
+                memory[tower, config.label] = max(0.0, rss_mb() - before)
                 plan += [(tower, config, s) for s in shapes]
     samples: dict[tuple[str, Shape, str], list[float]] = {}
     per_case = min(options.seconds, options.time_limit / max(1, len(plan) * options.rounds) / 2)
@@ -189,7 +195,7 @@ def measure(
                 time_calls(partial(session.run, batch), per_case)
             )
     progress("measured", total, total)
-    return samples
+    return samples, memory
 
 
 def _median(values: list[float]) -> float:
@@ -286,18 +292,18 @@ def run_tune(model_dir: Path, options: TuneOptions, progress: Progress = lambda 
     for tower, cs in passed.items():
         if not cs:
             raise ModelError(f"no backend and precision of the {tower} tower passed the quality gate here")
-    samples = measure(manifest, passed, options, progress)
+    samples, memory = measure(manifest, passed, options, progress)
     shapes_of = {t: partial(_candidate_shapes, manifest, t, options.buckets) for t in TOWERS}
     ranked = {t: rank_tower(t, passed[t], samples, shapes_of[t]) for t in TOWERS}
 
-    def copy_mb_of(tower: str, c: Candidate) -> float:
-        return weight_bytes(manifest, tower, c.graph, c.precision) / 2**20
+    def least_mb(tower: str, c: Candidate) -> float:
+        return memory[tower, f"{c.label} {'shared' if c.backend.shares_weights(c.device) else 'own'}"]
 
-    budget = resolve_budget(options.memory_budget_mb, sum(copy_mb_of(t, r[0][1]) for t, r in ranked.items()))
-    picked, notes = fit_towers(ranked, lambda t, c: len(shapes_of[t](c)), copy_mb_of, budget)
+    weights_mb = sum(weight_bytes(manifest, t, r[0][1].graph, r[0][1].precision) for t, r in ranked.items()) / 2**20
+    budget = resolve_budget(options.memory_budget_mb, weights_mb)
+    picked, notes = fit_towers(ranked, least_mb, budget)
     skipped.extend(notes)
     winners = {t: (c, shape_choices(t, c, samples, shapes_of[t](c))) for t, c in picked.items()}
-    copy_mb = {t: copy_mb_of(t, c) for t, c in picked.items()}
     choices: dict[str, TowerChoice] = {}
     for tower, (winner, shapes) in winners.items():
         streams = 1
@@ -312,8 +318,9 @@ def run_tune(model_dir: Path, options: TuneOptions, progress: Progress = lambda 
             streams=streams,
             shapes={shape_key(s): v for s, v in shapes.items()},
         )
-    shares = {t: c.backend.shares_weights(c.device) for t, c in picked.items()}
-    choices = fit_prepacks(choices, copy_mb, shares, budget)
+    choices = fit_prepacks(
+        choices, {t: _tower_memory(t, c, memory, len(shapes_of[t](c))) for t, c in picked.items()}, budget
+    )
     tuning = TuningFile(
         format=1,
         model_id=manifest.model_id,
@@ -326,6 +333,13 @@ def run_tune(model_dir: Path, options: TuneOptions, progress: Progress = lambda 
         measurements=_measurements(samples, found),
     )
     return TuneResult(tuning, gate, skipped, samples)
+
+
+def _tower_memory(tower: str, c: Candidate, memory: dict[tuple[str, str], float], shapes: int) -> TowerMemory:
+    if not c.backend.shares_weights(c.device):
+        return TowerMemory(False, 0.0, memory[tower, f"{c.label} own"] / max(shapes, 1))
+    prepacked = memory.get((tower, f"{c.label} prepacked"), 0.0)
+    return TowerMemory(True, memory[tower, f"{c.label} shared"], prepacked / max(shapes, 1))
 
 
 def _measurements(

@@ -1,16 +1,24 @@
-"""The tuner's choice within the memory budget (retrieval/memory_budget.py).
+"""The tuner's choice within the memory budget (retrieval/memory_budget.py), from memory it measured.
 
-Two levers, in this order: per tower the candidate (backend × precision) — the combination of the
-two towers whose least memory fits (one copy where the backend shares weights, else one per batch
-bucket and text length, as OpenVINO holds them) and loses least speed (the product of the towers'
-scores); then prepacked shapes are dropped, the smallest measured gain first.
+What a configuration costs is measured, not guessed from file sizes: the process's resident memory
+grows by so much while its sessions open and run once (`rss_mb`; the tuner opens every configuration
+in turn and keeps it open, so each growth is that configuration's own). On an AMX Xeon three OpenVINO
+bf16 ViT-B-16 image sessions took ~2.1 GB against a 329 MB fp32 weight file, where the weight files
+suggested ~0.5 GB (BENCHMARKS.md, issue 24).
+
+Two levers, in this order: per tower the candidate (backend × precision) — the combination of the two
+towers whose least memory fits (the shared configuration where the backend shares weights, else its
+copy-per-session one) and loses least speed (the product of the towers' scores); then prepacked
+shapes are dropped, the smallest measured gain first.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
+import os
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from retrieval.gate import Candidate
 from retrieval.memory_budget import Budget
@@ -19,24 +27,32 @@ from retrieval.tuning import TowerChoice
 Ranked = list[tuple[float, Candidate]]  # (score: 1.0 = fastest at every shape, candidate), best first
 
 
-def least_mb(candidate: Candidate, shapes: int, copy_mb: float) -> float:
-    """The fewest MB a tower's weights can take on `candidate`: one copy if it shares, else one per shape."""
-    return copy_mb if candidate.backend.shares_weights(candidate.device) else shapes * copy_mb
+def rss_mb() -> float:
+    """This process's resident memory in MB (Linux's /proc; 0.0 where there is none)."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+@dataclass(frozen=True)
+class TowerMemory:
+    """What a chosen tower's sessions cost, MB: the shared copy once (sharing backends), and each
+    shape's own session (prepacked, or every shape where the backend cannot share)."""
+
+    shares: bool
+    shared_mb: float
+    per_shape_mb: float
 
 
 def fit_towers(
-    ranked: dict[str, Ranked],
-    shapes_of: Callable[[str, Candidate], int],
-    copy_mb_of: Callable[[str, Candidate], float],
-    budget: Budget,
+    ranked: dict[str, Ranked], need: Callable[[str, Candidate], float], budget: Budget
 ) -> tuple[dict[str, Candidate], list[str]]:
-    """One candidate per tower: of the combinations whose least memory fits the budget, the one with
-    the smallest product of scores (none fits: the smallest memory); notes say what gave way and why."""
+    """One candidate per tower: of the combinations whose least memory (`need`) fits the budget, the
+    one with the smallest product of scores (none fits: the smallest memory); notes say what gave
+    way and why."""
     towers = list(ranked)
-
-    def need(tower: str, c: Candidate) -> float:
-        return least_mb(c, shapes_of(tower, c), copy_mb_of(tower, c))
-
     combos = [dict(zip(towers, combo, strict=True)) for combo in itertools.product(*ranked.values())]
 
     def total(combo: dict[str, tuple[float, Candidate]]) -> float:
@@ -52,28 +68,28 @@ def fit_towers(
         top = ranked[tower][0][1]
         if chosen is not top:
             notes.append(
-                f"{top.label} {tower}: its sessions would hold {need(tower, top):.0f} MB of weight copies, over the "
-                f"memory budget ({budget.source}) beside the other tower; {chosen.label} instead "
+                f"{top.label} {tower}: its sessions took {need(tower, top):.0f} MB here, over the memory budget "
+                f"({budget.source}) beside the other tower; {chosen.label} instead "
                 f"({need(tower, chosen):.0f} MB, {score:.2f}× the fastest)"
             )
     return {t: c for t, (_, c) in best.items()}, notes
 
 
 def fit_prepacks(
-    choices: dict[str, TowerChoice], copy_mb: dict[str, float], shares: dict[str, bool], budget: Budget
+    choices: dict[str, TowerChoice], memory: dict[str, TowerMemory], budget: Budget
 ) -> dict[str, TowerChoice]:
-    """Drop prepacked shapes, the smallest gain first, until the weight copies fit the budget.
-    `shares[tower]`: whether its backend shares one copy at all (else every shape holds its own)."""
+    """Drop prepacked shapes, the smallest gain first, until the towers' sessions fit the budget."""
 
     def total() -> float:
         mb = 0.0
         for tower, choice in choices.items():
-            if not shares[tower]:
-                mb += copy_mb[tower] * choice.streams * max(len(choice.shapes), 1)
+            cost = memory[tower]
+            if not cost.shares:
+                mb += cost.per_shape_mb * choice.streams * max(len(choice.shapes), 1)
                 continue
             shared = any(not v.prepack for v in choice.shapes.values()) or not choice.shapes
             own = sum(v.prepack for v in choice.shapes.values())
-            mb += copy_mb[tower] * ((1 if shared else 0) + choice.streams * own)
+            mb += (cost.shared_mb if shared else 0.0) + cost.per_shape_mb * choice.streams * own
         return mb
 
     ranked = sorted(

@@ -8,6 +8,7 @@ import json
 import logging
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -58,14 +59,15 @@ def test_the_tuner_gives_up_the_least_speed_to_fit_the_budget() -> None:
     ranked = {"image": [(1.0, OWN), (1.3, SHARED)], "text": [(1.0, OWN), (1.8, SHARED)]}
 
     def fit(mb: int) -> tuple[dict[str, str], list[str]]:
-        picked, notes = fit_towers(ranked, lambda tower, c: 3, lambda tower, c: 100.0, Budget(mb, False, "auto"))
+        need = lambda tower, c: 300.0 if c is OWN else 100.0  # noqa: E731  # what their sessions took
+        picked, notes = fit_towers(ranked, need, Budget(mb, False, "auto"))
         return {t: c.backend.name for t, c in picked.items()}, notes
 
     assert fit(600) == ({"image": "copies", "text": "copies"}, [])
     picked, notes = fit(599)  # one tower must share: the image tower, which loses less
     assert picked == {"image": "sharing", "text": "copies"}
     assert notes == [
-        "copies cpu int8 image: its sessions would hold 300 MB of weight copies, over the memory budget (auto) "
+        "copies cpu int8 image: its sessions took 300 MB here, over the memory budget (auto) "
         "beside the other tower; sharing cpu int8 instead (100 MB, 1.30× the fastest)"
     ]
     assert fit(400)[0] == {"image": "sharing", "text": "copies"}
@@ -94,8 +96,8 @@ def test_auto_at_start_keeps_within_the_tuning_files_budget_and_never_refuses(
     assert "over the memory budget (the tuning file's 1 MB)" in caplog.text
 
 
-def test_prepacked_shapes_are_dropped_counting_a_copy_per_shape_where_the_backend_cannot_share() -> None:
-    from retrieval.tune_memory import fit_prepacks
+def test_prepacked_shapes_are_dropped_counting_a_session_per_shape_where_the_backend_cannot_share() -> None:
+    from retrieval.tune_memory import TowerMemory, fit_prepacks
     from retrieval.tuning import ShapeChoice, TowerChoice
 
     def tower(backend: str, gains: dict[str, float]) -> TowerChoice:
@@ -106,7 +108,34 @@ def test_prepacked_shapes_are_dropped_counting_a_copy_per_shape_where_the_backen
         "image": tower("openvino", {"b1": 1.0, "b8": 1.0, "b16": 1.0}),  # three own copies, nothing to drop
         "text": tower("onnxruntime", {"b1": 1.5, "b1.l16": 1.2, "b16": 1.0}),
     }
-    fitted = fit_prepacks(choices, {"image": 100.0, "text": 100.0}, {"image": False, "text": True},
-                          Budget(500, False, "auto"))  # fmt: skip
+    memory = {"image": TowerMemory(False, 0.0, 100.0), "text": TowerMemory(True, 100.0, 100.0)}
+    fitted = fit_prepacks(choices, memory, Budget(500, False, "auto"))
     # 300 (image) + the shared text copy 100 + one prepacked copy 100: the smaller gain went.
     assert {k for k, v in fitted["text"].shapes.items() if v.prepack} == {"b1"}
+
+
+def test_the_tuner_measures_what_each_configurations_sessions_take(tmp_path: Path) -> None:
+    """Each configuration is charged the resident memory its sessions took: a fake backend whose
+    sessions hold 40 MB each (touched) is charged ~40 MB per shape, the real ones far less."""
+    import numpy as np
+
+    from retrieval.manifest import ModelManifest
+    from retrieval.toy_model import write_toy_model
+    from retrieval.tune import TuneOptions, candidates, measure
+
+    class Heavy:
+        def __init__(self, *args: Any) -> None:
+            self.ballast = np.ones(40 << 20, dtype=np.uint8)  # 40 MB, every page touched
+
+        def run(self, batch: Any) -> Any:
+            return batch
+
+    write_toy_model(tmp_path / "m", buckets=(1, 4), text_lengths=(16,))
+    manifest = ModelManifest.load(tmp_path / "m")
+    found, _ = candidates(manifest, ["onnxruntime"])
+    heavy = SimpleNamespace(name="heavy", shares_weights=lambda device: False, open_session=Heavy)
+    found["text"].append(Candidate(heavy, "cpu", "fp32", "fp32"))
+    _, memory = measure(manifest, found, TuneOptions(rounds=1, seconds=0.01), lambda *_: None)
+    shapes = 4  # b1, b4 × 16 and 52 tokens
+    assert 0.9 * 40 * shapes <= memory["text", "heavy cpu fp32 own"] <= 1.2 * 40 * shapes, memory
+    assert all(mb < 40 for (tower, label), mb in memory.items() if "heavy" not in label), memory
