@@ -35,6 +35,7 @@ from retrieval.backends.onnxruntime import ONNXRUNTIME
 from retrieval.errors import InvalidInput, ModelError
 from retrieval.gate import Candidate, GateResult, recorded_failures, run_gate, tower_shapes
 from retrieval.manifest import ModelManifest
+from retrieval.memory import return_large_frees_to_os
 from retrieval.memory_budget import BudgetSetting, resolve_budget
 from retrieval.sessions import dummy_batch
 from retrieval.shared_weights import SharedWeights
@@ -292,6 +293,7 @@ def run_tune(model_dir: Path, options: TuneOptions, progress: Progress = lambda 
     for tower, cs in passed.items():
         if not cs:
             raise ModelError(f"no backend and precision of the {tower} tower passed the quality gate here")
+    return_large_frees_to_os()  # as `serve` does: freed run buffers are not charged as a session's memory
     samples, memory = measure(manifest, passed, options, progress)
     shapes_of = {t: partial(_candidate_shapes, manifest, t, options.buckets) for t in TOWERS}
     ranked = {t: rank_tower(t, passed[t], samples, shapes_of[t]) for t in TOWERS}
