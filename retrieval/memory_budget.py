@@ -1,4 +1,6 @@
 """How much memory the towers' weight copies may take: the one rule the tuner and the runtime share.
+(The tuner charges each configuration what its sessions took on this machine, retrieval/tune_memory.py;
+the runtime, which has only the files, estimates from their size.)
 
 A tower's sessions either share one weight copy (ONNX Runtime on the CPU, prepacking off) or hold a
 copy each (a prepacked ONNX Runtime session, every OpenVINO compiled model). Nine prepacked copies of
