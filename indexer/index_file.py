@@ -12,6 +12,7 @@ half-adopted.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import struct
@@ -56,7 +57,7 @@ def write_index_file(path: Path, header: dict[str, Any], index: faiss.Index) -> 
             return len(data)
 
         try:
-            faiss.write_index(index, faiss.PyCallbackIOWriter(piece, _PIECE))
+            faiss.write_index(index, faiss.PyCallbackIOWriter(piece, _PIECE))  # type: ignore[attr-defined]  # not in faiss's stubs
         except RuntimeError:
             if failed:
                 raise failed[0] from None  # a full disk stays StorageFull
@@ -99,7 +100,7 @@ def read_index_file(path: Path, accept: Callable[[dict[str, Any]], None]) -> tup
         return header, _read_body(f, body_len, zlib.crc32(head), crc)
 
 
-def _checksum_body(f: BinaryIO, length: int, crc: int) -> int:
+def _checksum_body(f: io.BufferedReader, length: int, crc: int) -> int:
     buffer = bytearray(16 * _PIECE)
     view = memoryview(buffer)
     left = length
@@ -111,7 +112,7 @@ def _checksum_body(f: BinaryIO, length: int, crc: int) -> int:
     return crc
 
 
-def _read_body(f: BinaryIO, length: int, crc: int, expected: int) -> faiss.Index:
+def _read_body(f: io.BufferedReader, length: int, crc: int, expected: int) -> faiss.Index:
     left = length
 
     def piece(size: int) -> bytes:
@@ -121,7 +122,7 @@ def _read_body(f: BinaryIO, length: int, crc: int, expected: int) -> faiss.Index
         return data
 
     try:
-        index = faiss.read_index(faiss.PyCallbackIOReader(piece, _PIECE))
+        index = faiss.read_index(faiss.PyCallbackIOReader(piece, _PIECE))  # type: ignore[attr-defined]  # not in faiss's stubs
     except RuntimeError as exc:  # FAISS's own format checks
         raise IndexFileError(f"unreadable index: {str(exc).splitlines()[0]}") from exc
     if left:  # FAISS stopped early: the rest is unaccounted for

@@ -56,7 +56,9 @@ def saved(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _peak(path: Path, action: str) -> dict[str, Any]:
     script = _PEAK.format(dim=DIM)
-    done = subprocess.run([sys.executable, "-c", script, str(path), action], capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(path), action], capture_output=True, text=True, timeout=120
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)  # type: ignore[no-any-return]
 
