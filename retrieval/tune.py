@@ -11,7 +11,8 @@
    all alike); the median of the rounds, with min/max.
 4. **Choose**: per tower one backend and precision (so a vector never depends on the batch it ran
    in), the one whose per-shape times are closest to each shape's fastest (geometric mean of the
-   ratios); per shape prepacked where that is at least `PREPACK_GAIN` faster, within the memory
+   ratios); per shape prepacked where that is at least `PREPACK_GAIN` faster (for `latency` at batch
+   1 only: see `shape_choices`), within the memory
    budget (the least gain dropped first). Streams: 1 (latency, a search service) unless
    `--objective throughput`, which measures N streams × 1 thread against 1 × N.
 """
@@ -233,16 +234,25 @@ def _best_ms(samples: dict[tuple[str, Shape, str], list[float]], tower: str, c: 
 
 
 def shape_choices(
-    tower: str, winner: Candidate, samples: dict[tuple[str, Shape, str], list[float]], shapes: list[Shape]
+    tower: str,
+    winner: Candidate,
+    samples: dict[tuple[str, Shape, str], list[float]],
+    shapes: list[Shape],
+    objective: str = "latency",
 ) -> dict[Shape, ShapeChoice]:
-    """Per shape of the chosen candidate: prepacked where that is at least PREPACK_GAIN faster."""
+    """Per shape of the chosen candidate: prepacked where that is at least PREPACK_GAIN faster — for
+    `latency` at batch 1 only. Batched shapes of a search service run when queries arrive together,
+    beside the batch-1 sessions, and there a prepacked b8 text session cost what it saved alone: on
+    the AMX Xeon, text at concurrency 8 over HTTP had p50 53 ms with b1, b1.l16 and b8.l16 prepacked,
+    22.5 ms with b1 and b1.l16 only (26 ms shipped), though b8.l16 alone ran 17.5 against 22.1 ms
+    (BENCHMARKS.md, issue 24). `throughput` (bulk indexing) prepacks every shape that gains."""
     out: dict[Shape, ShapeChoice] = {}
     for s in shapes:
         shared = samples.get((tower, s, f"{winner.label} shared"))
         packed = samples.get((tower, s, f"{winner.label} prepacked"))
         if shared and packed:
             gain = _median(shared) / _median(packed)
-            keep = gain >= PREPACK_GAIN
+            keep = gain >= PREPACK_GAIN and (objective == "throughput" or s[0] == 1)
             out[s] = ShapeChoice(
                 prepack=keep, ms=round(min(_median(shared), _median(packed)), 3), prepack_gain=round(gain, 3)
             )
@@ -305,7 +315,7 @@ def run_tune(model_dir: Path, options: TuneOptions, progress: Progress = lambda 
     budget = resolve_budget(options.memory_budget_mb, weights_mb)
     picked, notes = fit_towers(ranked, least_mb, budget)
     skipped.extend(notes)
-    winners = {t: (c, shape_choices(t, c, samples, shapes_of[t](c))) for t, c in picked.items()}
+    winners = {t: (c, shape_choices(t, c, samples, shapes_of[t](c), options.objective)) for t, c in picked.items()}
     choices: dict[str, TowerChoice] = {}
     for tower, (winner, shapes) in winners.items():
         streams = 1

@@ -268,3 +268,22 @@ def test_the_memory_budget_drops_prepacked_shapes_then_refuses(
     assert encoder.plans["text"].prepack == {(1, None)}  # the smaller gain went first
     with pytest.raises(ModelError, match="CNCLIP_MEMORY_BUDGET_MB=1 but the towers' weights need"):
         start(settings.model_copy(update={"tuning_file": path, "memory_budget_mb": 1}))
+
+
+def test_latency_prepacks_only_batch_one_shapes_throughput_every_shape_that_gains() -> None:
+    from types import SimpleNamespace
+
+    from retrieval.gate import Candidate
+    from retrieval.tune import shape_choices
+
+    ort = Candidate(SimpleNamespace(name="onnxruntime"), "cpu", "int8", "int8")
+    shapes = [(1, 16), (8, 16), (16, 16)]
+    gains = {(1, 16): 1.8, (8, 16): 1.3, (16, 16): 1.01}  # shared ms ÷ prepacked ms
+    samples = {}
+    for shape, gain in gains.items():
+        samples["text", shape, f"{ort.label} shared"] = [10.0 * gain] * 3
+        samples["text", shape, f"{ort.label} prepacked"] = [10.0] * 3
+    for objective, packed in (("latency", {(1, 16)}), ("throughput", {(1, 16), (8, 16)})):
+        chosen = shape_choices("text", ort, samples, shapes, objective)
+        assert {s for s, c in chosen.items() if c.prepack} == packed, objective
+        assert chosen[8, 16].prepack_gain == 1.3 and chosen[8, 16].ms == 10.0  # measured either way
