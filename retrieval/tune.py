@@ -19,6 +19,7 @@
 
 from __future__ import annotations
 
+import gc
 import math
 import os
 import statistics
@@ -172,6 +173,7 @@ def measure(
                 config = Config(candidate, mode)
                 shapes = _shapes(manifest, tower, candidate.graph, options.buckets)
                 progress(f"opening {tower} {config.label}", 0, 1)
+                gc.collect()  # earlier garbage freed now, not while this configuration is being charged
                 before = rss_mb()
                 opened[tower, config.label] = open_config(manifest, tower, config, shapes, options.cores)
                 for (bucket, length), session in opened[tower, config.label].items():

@@ -8,7 +8,6 @@ import json
 import logging
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -114,28 +113,45 @@ def test_prepacked_shapes_are_dropped_counting_a_session_per_shape_where_the_bac
     assert {k for k, v in fitted["text"].shapes.items() if v.prepack} == {"b1"}
 
 
+_MEASURE = """
+import json, sys
+from pathlib import Path
+from types import SimpleNamespace
+import numpy as np
+from retrieval.gate import Candidate
+from retrieval.manifest import ModelManifest
+from retrieval.tune import TuneOptions, candidates, measure
+
+class Heavy:
+    def __init__(self, *args):
+        self.ballast = np.ones(40 << 20, dtype=np.uint8)  # 40 MB, every page touched
+
+    def run(self, batch):
+        return batch
+
+manifest = ModelManifest.load(Path(sys.argv[1]))
+found, _ = candidates(manifest, ["onnxruntime"])
+heavy = SimpleNamespace(name="heavy", shares_weights=lambda device: False, open_session=Heavy)
+found["text"].append(Candidate(heavy, "cpu", "fp32", "fp32"))
+_, memory = measure(manifest, found, TuneOptions(rounds=1, seconds=0.01), lambda *_: None)
+print(json.dumps({f"{tower} {label}": mb for (tower, label), mb in memory.items()}))
+"""
+
+
 def test_the_tuner_measures_what_each_configurations_sessions_take(tmp_path: Path) -> None:
     """Each configuration is charged the resident memory its sessions took: a fake backend whose
-    sessions hold 40 MB each (touched) is charged ~40 MB per shape, the real ones far less."""
-    import numpy as np
+    sessions hold 40 MB each (touched) is charged ~40 MB per shape, the real ones far less. In a
+    fresh process, as `cnclip tune` runs: the suite's own garbage would be freed mid-measurement."""
+    import subprocess
+    import sys
 
-    from retrieval.manifest import ModelManifest
     from retrieval.toy_model import write_toy_model
-    from retrieval.tune import TuneOptions, candidates, measure
-
-    class Heavy:
-        def __init__(self, *args: Any) -> None:
-            self.ballast = np.ones(40 << 20, dtype=np.uint8)  # 40 MB, every page touched
-
-        def run(self, batch: Any) -> Any:
-            return batch
 
     write_toy_model(tmp_path / "m", buckets=(1, 4), text_lengths=(16,))
-    manifest = ModelManifest.load(tmp_path / "m")
-    found, _ = candidates(manifest, ["onnxruntime"])
-    heavy = SimpleNamespace(name="heavy", shares_weights=lambda device: False, open_session=Heavy)
-    found["text"].append(Candidate(heavy, "cpu", "fp32", "fp32"))
-    _, memory = measure(manifest, found, TuneOptions(rounds=1, seconds=0.01), lambda *_: None)
+    done = subprocess.run([sys.executable, "-c", _MEASURE, str(tmp_path / "m")], capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    memory = json.loads(done.stdout)
     shapes = 4  # b1, b4 × 16 and 52 tokens
-    assert 0.9 * 40 * shapes <= memory["text", "heavy cpu fp32 own"] <= 1.2 * 40 * shapes, memory
-    assert all(mb < 40 for (tower, label), mb in memory.items() if "heavy" not in label), memory
+    assert 0.9 * 40 * shapes <= memory["text heavy cpu fp32 own"] <= 1.2 * 40 * shapes, memory
+    assert all(mb < 40 for label, mb in memory.items() if "heavy" not in label), memory

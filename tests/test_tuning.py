@@ -275,11 +275,12 @@ def test_latency_prepacks_only_batch_one_shapes_throughput_every_shape_that_gain
 
     from retrieval.gate import Candidate
     from retrieval.tune import shape_choices
+    from retrieval.tuning import Shape
 
     ort = Candidate(SimpleNamespace(name="onnxruntime"), "cpu", "int8", "int8")
-    shapes = [(1, 16), (8, 16), (16, 16)]
-    gains = {(1, 16): 1.8, (8, 16): 1.3, (16, 16): 1.01}  # shared ms ÷ prepacked ms
-    samples = {}
+    shapes: list[Shape] = [(1, 16), (8, 16), (16, 16)]
+    gains: dict[Shape, float] = {(1, 16): 1.8, (8, 16): 1.3, (16, 16): 1.01}  # shared ms ÷ prepacked ms
+    samples: dict[tuple[str, Shape, str], list[float]] = {}
     for shape, gain in gains.items():
         samples["text", shape, f"{ort.label} shared"] = [10.0 * gain] * 3
         samples["text", shape, f"{ort.label} prepacked"] = [10.0] * 3
