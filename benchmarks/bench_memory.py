@@ -140,8 +140,9 @@ def run_serve(args: argparse.Namespace) -> None:
                 "CNCLIP_BUCKETS": json.dumps(buckets),
             }
             if mode.startswith("tuned="):  # what the tuning file chose, the default memory budget (auto)
-                env["CNCLIP_TUNING_FILE"] = str(Path(mode.split("=", 1)[1]).resolve())
-                mode = f"tuned {Path(mode.split('=', 1)[1]).stem}"
+                tuning = Path(mode.removeprefix("tuned="))
+                env["CNCLIP_TUNING_FILE"] = str(tuning.resolve())
+                mode = f"tuned {tuning.stem}"
             else:
                 env["CNCLIP_PRECISION"] = args.precision
                 env["CNCLIP_SHARE_WEIGHTS"] = "true" if mode == "share" else "false"

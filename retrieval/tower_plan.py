@@ -6,8 +6,9 @@ backend's defaults (`auto` means ONNX Runtime, exactly what ran before backends 
 int8 on CPU where the model has it, fp16 on NPU/GPU, one shared weight copy per tower). An explicit
 `CNCLIP_PRECISION` wins over the tuning file. A run precision that the manifest's quality-gate record
 says failed for a tower (`extra.gate`, written by `cnclip convert`) is never picked by `auto` and is
-refused when asked for. `CNCLIP_MEMORY_BUDGET_MB` bounds the weight copies (retrieval/memory_budget.py): tuned prepacked
-shapes are dropped, least useful first, until the plan fits.
+refused when asked for. `CNCLIP_MEMORY_BUDGET_MB` bounds the weight copies
+(retrieval/memory_budget.py): tuned prepacked shapes are dropped, least useful first, until the plan
+fits.
 
 Everything backend-specific is asked of the backend's record (retrieval/backends/).
 """
@@ -233,7 +234,7 @@ def fit_budget(
 ) -> dict[str, TowerPlan]:
     """Drop prepacked shapes (the smallest measured gain first) until the weight copies fit the
     budget (retrieval/memory_budget.py); a plan that cannot fit even then is a `ModelError` naming
-    what it needs under an explicit budget, a warning under `auto`."""
+    what it needs under an explicit budget, one log line under `auto`."""
     copies = {t: weight_bytes(manifest, t, p.graph, p.precision) for t, p in plans.items()}
     tuned = tuning.memory_budget_mb if tuning is not None and _tuned(plans) else None
     budget = resolve_budget(setting, sum(copies.values()) / 2**20, tuned)

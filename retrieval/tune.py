@@ -11,9 +11,9 @@
    all alike); the median of the rounds, with min/max.
 4. **Choose**: per tower one backend and precision (so a vector never depends on the batch it ran
    in), the one whose per-shape times are closest to each shape's fastest (geometric mean of the
-   ratios); per shape prepacked where that is at least `PREPACK_GAIN` faster (for `latency` at batch
-   1 only: see `shape_choices`), within the memory
-   budget (the least gain dropped first). Streams: 1 (latency, a search service) unless
+   ratios); per shape prepacked where that is at least `PREPACK_GAIN` faster (for `latency` at
+   batch 1 only: see `shape_choices`), within the memory budget (retrieval/tune_memory.py: the
+   least gain dropped first). Streams: 1 (latency, a search service) unless
    `--objective throughput`, which measures N streams × 1 thread against 1 × N.
 """
 
@@ -168,7 +168,7 @@ def measure(
     memory: dict[tuple[str, str], float] = {}
     for tower, options_ in passed.items():
         for candidate in options_:
-            modes = ["shared", "prepacked"] if candidate.backend.shares_weights(candidate.device) else ["own"]
+            modes = ["shared", "prepacked"] if _least_mode(candidate) == "shared" else ["own"]
             for mode in modes:
                 config = Config(candidate, mode)
                 shapes = _shapes(manifest, tower, candidate.graph, options.buckets)
@@ -311,7 +311,7 @@ def run_tune(model_dir: Path, options: TuneOptions, progress: Progress = lambda 
     ranked = {t: rank_tower(t, passed[t], samples, shapes_of[t]) for t in TOWERS}
 
     def least_mb(tower: str, c: Candidate) -> float:
-        return memory[tower, f"{c.label} {'shared' if c.backend.shares_weights(c.device) else 'own'}"]
+        return memory[tower, f"{c.label} {_least_mode(c)}"]
 
     weights_mb = sum(weight_bytes(manifest, t, r[0][1].graph, r[0][1].precision) for t, r in ranked.items()) / 2**20
     budget = resolve_budget(options.memory_budget_mb, weights_mb)
@@ -349,8 +349,13 @@ def run_tune(model_dir: Path, options: TuneOptions, progress: Progress = lambda 
     return TuneResult(tuning, gate, skipped, samples)
 
 
+def _least_mode(c: Candidate) -> str:
+    """How a candidate's sessions hold the fewest weight copies: one shared, or each its own."""
+    return "shared" if c.backend.shares_weights(c.device) else "own"
+
+
 def _tower_memory(tower: str, c: Candidate, memory: dict[tuple[str, str], float], shapes: int) -> TowerMemory:
-    if not c.backend.shares_weights(c.device):
+    if _least_mode(c) == "own":
         return TowerMemory(False, 0.0, memory[tower, f"{c.label} own"] / max(shapes, 1))
     prepacked = memory.get((tower, f"{c.label} prepacked"), 0.0)
     return TowerMemory(True, memory[tower, f"{c.label} shared"], prepacked / max(shapes, 1))
