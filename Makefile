@@ -2,6 +2,7 @@
 PY ?= python3
 
 LOCK_VENV := build/lock-venv
+APT_LOCK_WAIT_S ?= 600
 
 .PHONY: install lock demo test test-all lint format bench
 
@@ -12,8 +13,9 @@ install:  ## Everything the product and its tests need, on a fresh machine, at t
 	$(PY) -m pip install -c constraints.txt --no-deps cn_clip
 	# Debian's Chromium for the browser tests (Playwright drives it; it downloads no browser of its own).
 	# A CJK font so that screenshots of the Chinese UI are readable.
-	@{ command -v chromium >/dev/null 2>&1 && fc-list :lang=zh | grep -q .; } || { apt-get update -q && \
-	  DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium fonts-wqy-microhei; }
+	# .ci/apt-install waits while another apt (unattended upgrades on a fresh machine) holds its lock.
+	@{ command -v chromium >/dev/null 2>&1 && fc-list :lang=zh | grep -q .; } || \
+	  APT_LOCK_WAIT_S=$(APT_LOCK_WAIT_S) .ci/apt-install chromium fonts-wqy-microhei
 
 lock:  ## Re-resolve every dependency to the newest that pyproject.toml allows, into constraints.txt; then run make install test
 	rm -rf $(LOCK_VENV)

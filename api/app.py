@@ -22,15 +22,17 @@ from api.label_store import LabelSetStore
 from api.limits import BodySizeLimitMiddleware, max_request_bytes
 from api.metrics import RequestMetricsMiddleware, ServiceMetrics
 from api.openapi import install_openapi
-from api.readiness import DatabaseProbe
+from api.readiness import Readiness, database_probe, encoder_probe
 from api.request_guard import RequestGuardMiddleware
 from api.routes import classify, collections, duplicates, embed, health, items, label_sets, search
+from api.watch_metrics import WatchCollector
 from indexer.runtime import open_runtime
 from indexer.types import Catalog
-from indexer.watch import watch_served_folders
+from indexer.watch_health import WatchHealth
+from indexer.watch_serve import watch_served_folders
 from indexer.watch_settings import watched_folders
 from retrieval.memory import return_large_frees_to_os
-from retrieval.types import Encoder
+from retrieval.types import Encoder, HealthChecked
 
 log = logging.getLogger("cnclip.api")
 
@@ -60,7 +62,12 @@ def _lifespan(
             assert rt.service is not None and rt.zeroshot is not None
             app.state.runtime = rt
             app.state.service = rt.service
-            app.state.database_probe = DatabaseProbe(rt.service.ping, settings.readiness_interval_s)
+            app.state.readiness = readiness = Readiness()
+            readiness.add(database_probe(rt.service.ping, settings.readiness_interval_s))
+            for model_id, each in rt.encoders.items():  # a remote encoder can go away after its start
+                if isinstance(each, HealthChecked):
+                    readiness.add(encoder_probe(model_id, each.check_health, settings.readiness_interval_s))
+            readiness.add(app.state.watch_health)  # CNCLIP_WATCH's watchers (started below)
             app.state.encoder = rt.encoder
             app.state.zeroshot = rt.zeroshot
             metrics.label_cache.watch(rt.zeroshot.cache)
@@ -68,7 +75,7 @@ def _lifespan(
             try:
                 await rt.start_encoders()
                 # CNCLIP_WATCH: one background task per folder, stopped before the runtime closes.
-                watch_served_folders(rt, settings, watched_folders(settings.watch))
+                watch_served_folders(rt, settings, watched_folders(settings.watch), app.state.watch_health)
                 yield
             finally:
                 app.state.runtime = app.state.service = app.state.encoder = None
@@ -92,6 +99,8 @@ def create_app(settings: Settings, encoder: Encoder | None = None, catalog: Cata
     )
     app.state.settings = settings
     app.state.metrics = metrics
+    app.state.watch_health = WatchHealth()
+    metrics.registry.register(WatchCollector(app.state.watch_health))
     app.state.runtime = None
     app.state.encoder = None
     app.state.service = None

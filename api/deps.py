@@ -46,13 +46,18 @@ async def _collections(request: Request) -> CollectionService:
     return service
 
 
-def _presented_key(request: Request) -> str | None:
+def _presented_key(request: Request) -> bytes | None:
+    """The key's bytes as they came on the wire. Header values are bytes; Starlette hands them over
+    decoded as latin-1, so encoding them back as latin-1 gives those bytes exactly. The configured key
+    is compared as UTF-8 (docs/api.md): a client sends `CNCLIP_API_KEY=clé` as the bytes `cl\\xc3\\xa9`,
+    which is what curl, httpx (given bytes) and browsers' fetch with an encoded value send."""
     auth = request.headers.get("authorization")
     if auth:
         scheme, _, token = auth.partition(" ")
         if scheme.lower() == "bearer" and token.strip():
-            return token.strip()
-    return request.headers.get("x-api-key")
+            return token.strip().encode("latin-1")
+    key = request.headers.get("x-api-key")
+    return key.encode("latin-1") if key is not None else None
 
 
 def _check_key(request: Request, required: bool) -> None:
@@ -63,7 +68,7 @@ def _check_key(request: Request, required: bool) -> None:
     if presented is None:
         raise Unauthorized("this request needs the API key: send 'Authorization: Bearer <key>' or 'X-API-Key: <key>'")
     expected = settings.api_key.get_secret_value().encode("utf-8")
-    if not hmac.compare_digest(presented.encode("utf-8"), expected):
+    if not hmac.compare_digest(presented, expected):  # bytes against bytes, in constant time
         raise Unauthorized("the API key is wrong")
 
 

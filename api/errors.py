@@ -22,6 +22,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from api.values import json_safe
 from indexer.errors import (
     DatabaseUnavailable,
     GenerationMoved,
@@ -32,6 +33,7 @@ from indexer.errors import (
     VectorStoreIncompatible,
     VectorStoreUnavailable,
 )
+from indexer.watch_health import WatcherDown
 from retrieval.errors import (
     CnclipError,
     Conflict,
@@ -53,14 +55,15 @@ class Unauthorized(CnclipError):
 
 # Project error -> HTTP status. Most specific first: PayloadTooLarge is an InvalidInput.
 class UnsupportedEncoding(CnclipError):
-    """A request `Content-Encoding` other than gzip, deflate or identity (Triton answers 501)."""
+    """A request `Content-Encoding` other than gzip, deflate or identity: 415, as RFC 9110 says for an
+    unsupported content coding (Triton answers 501; a client's choice is never a server fault here)."""
 
     code = "unsupported_encoding"
 
 
 STATUS_BY_ERROR: tuple[tuple[type[CnclipError], int], ...] = (
     (Unauthorized, 401),
-    (UnsupportedEncoding, 501),
+    (UnsupportedEncoding, 415),
     (PayloadTooLarge, 413),
     (InvalidInput, 422),
     (MediaChanged, 410),
@@ -71,6 +74,7 @@ STATUS_BY_ERROR: tuple[tuple[type[CnclipError], int], ...] = (
     (Overloaded, 429),
     (EncoderUnavailable, 503),
     (DatabaseUnavailable, 503),
+    (WatcherDown, 503),  # /readyz: a folder watcher failed and waits to be restarted
     (VectorStoreIncompatible, 501),  # permanent: a retry cannot help, so never the 503 below
     (VectorStoreBusy, 503),
     (VectorStoreUnavailable, 503),
@@ -121,8 +125,9 @@ def request_id(request: Request) -> str:
 
 
 def error_response(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    """The one JSON error body, with its status code."""
-    return JSONResponse({"error": {"code": code, "message": message}}, status_code=status, headers=headers)
+    """The one JSON error body, with its status code. The message may quote what a client sent: a lone
+    surrogate in it is escaped, so that the answer can always be written (api/values.py)."""
+    return JSONResponse({"error": {"code": code, "message": json_safe(message)}}, status_code=status, headers=headers)
 
 
 def public_message(status: int, message: str, rid: str | None = None) -> str:
@@ -164,7 +169,9 @@ async def _cnclip_error(request: Request, exc: Exception) -> JSONResponse:
         log.error(
             "%s %s failed [request %s]: %s: %s", request.method, request.url.path, rid, type(exc).__name__, exc.message
         )
-    return error_response(status, exc.code, public_message(status, exc.message, rid), retry_headers(exc))
+    # An error written for clients (a degraded collection: it names the collection, never the cause).
+    message = f"{exc.message} (request id {rid})" if getattr(exc, "public", False) else None
+    return error_response(status, exc.code, message or public_message(status, exc.message, rid), retry_headers(exc))
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:

@@ -8,25 +8,32 @@ key check refused it, and the parse would run on the event loop. `GuardedRoute` 
    declares them; they run again, cheaply, where FastAPI solves them): 401 before any body byte is read;
 2. for a JSON body: reads it within the budget its schema declares (`max_body_bytes`,
    `max_json_values` on `api.schemas.StrictModel`), counted while it arrives (api/body_budget.py),
-   then parses it (in a worker thread unless it is small); FastAPI finds it parsed and validates it.
+   then parses it (in a worker thread unless it is small); FastAPI finds it parsed and validates it;
+3. once FastAPI has validated the route's arguments, every one taken from the request (query, path,
+   header, form and body fields, uploads' file names) passes the value rules of `api/values.py`
+   (texts, datetimes, numbers) before the route runs: 422 naming the field otherwise.
 """
 
 from __future__ import annotations
 
+import functools
+import inspect
 import json
 from collections.abc import Callable, Coroutine
 from typing import Any
 
 from fastapi import Request, Response, params
 from fastapi.datastructures import DefaultPlaceholder
+from fastapi.dependencies.models import Dependant
 from fastapi.routing import APIRoute
 
 from api.blocking import run_blocking
 from api.body_budget import INLINE_PARSE_BYTES, BodyBudget, read_within
 from api.deps import require_read_key, require_write_key
 from api.schemas import StrictModel
+from api.values import check_arguments
 from retrieval.errors import InvalidInput
-from retrieval.json_text import JSONTooDeep, loads
+from retrieval.json_text import JSONNumberRefused, JSONTooDeep, loads
 
 _KEY_CHECKS = (require_write_key, require_read_key)
 DEFAULT_BUDGET = BodyBudget(StrictModel.max_body_bytes, StrictModel.max_json_values)
@@ -50,12 +57,56 @@ def _parse_json(body: bytes) -> Any:
     except JSONTooDeep as exc:
         # FastAPI's own parse would hit the same recursion limit, as an unhandled RecursionError.
         raise InvalidInput("the JSON body is nested too deeply") from exc
+    except JSONNumberRefused as exc:
+        # FastAPI's own parse would take NaN and fail on 5000 digits: answer in the number rule's words.
+        raise InvalidInput(f"the JSON body {exc.msg}") from exc
     except (json.JSONDecodeError, UnicodeDecodeError):
         return _UNPARSED  # FastAPI parses it again and answers in its own words
 
 
+def request_sources(dependant: Dependant) -> dict[str, str]:
+    """Argument name -> where FastAPI takes it from (query, path, header, cookie, body), for the
+    arguments of a route that come from the request (not its dependencies' results)."""
+    groups = {
+        "query": dependant.query_params,
+        "path": dependant.path_params,
+        "header": dependant.header_params,
+        "cookie": dependant.cookie_params,
+        "body": dependant.body_params,
+    }
+    return {field.name: source for source, fields in groups.items() for field in fields}
+
+
+def _checking_values(endpoint: Callable[..., Any], sources: dict[str, str]) -> Callable[..., Any]:
+    """`endpoint`, running `check_arguments` on its request's arguments first. FastAPI reads the
+    signature (and resolves its annotations) through `__wrapped__`, so the route is unchanged."""
+    endpoint = getattr(endpoint, "__checked_endpoint__", endpoint)  # a route copied by include_router
+    if inspect.iscoroutinefunction(endpoint):
+
+        @functools.wraps(endpoint)
+        async def checked(**values: Any) -> Any:
+            check_arguments(values, sources)
+            return await endpoint(**values)
+
+    else:
+
+        @functools.wraps(endpoint)
+        def checked(**values: Any) -> Any:
+            check_arguments(values, sources)
+            return endpoint(**values)
+
+    checked.__checked_endpoint__ = endpoint  # type: ignore[attr-defined]
+    return checked
+
+
 class GuardedRoute(APIRoute):
-    """An APIRoute that checks the API key first and reads JSON bodies within their budget."""
+    """An APIRoute that checks the API key first, reads JSON bodies within their budget and holds the
+    values its request carries to the rules of `api/values.py`."""
+
+    def __init__(self, path: str, endpoint: Callable[..., Any], **kwargs: Any) -> None:
+        sources: dict[str, str] = {}
+        super().__init__(path, _checking_values(endpoint, sources), **kwargs)
+        sources.update(request_sources(self.dependant))
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()

@@ -38,6 +38,7 @@ from starlette.routing import Match
 from api.blocking import run_blocking
 from api.body_budget import INLINE_PARSE_BYTES
 from api.deps import require_read_key
+from api.disconnect import ClientGone, client_gone_response, while_connected
 from api.errors import allowed_methods, http_status, public_message, retry_headers
 from api.kserve_config import PLATFORM, model_config
 from api.kserve_stats import model_stats_of
@@ -56,6 +57,8 @@ from api.kserve_tensors import (
     split_body,
     wants_binary_output,
 )
+from api.uploads import inspect_images
+from api.values import json_safe
 from retrieval.errors import CnclipError, InvalidInput, NotFound, PayloadTooLarge
 from retrieval.json_text import loads
 
@@ -66,8 +69,8 @@ router = APIRouter(prefix="/v2", tags=["kserve-v2"])
 
 
 def v2_error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
-    """The v2 protocol's error body."""
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
+    """The v2 protocol's error body (a lone surrogate the message quotes is escaped: api/values.py)."""
+    return JSONResponse({"error": json_safe(message)}, status_code=status, headers=headers)
 
 
 def _error_response(exc: CnclipError) -> JSONResponse:
@@ -133,7 +136,9 @@ async def infer(request: Request) -> Response:
         elif model.datatype == "FP32":
             features = await encoder.embed_pixels(batch)
         else:
-            features = await encoder.embed_images(batch)
+            # Every image and all together within the pixel budgets, from their headers, before any decoding.
+            await run_blocking(inspect_images, list(batch), request.app.state.settings)
+            features = await while_connected(request, encoder.embed_images(batch))
         inferred = time.perf_counter_ns()
         response = encode_response(
             model, infer_request, np.asarray(features, dtype=np.float32), binary_output, accepted(request)
@@ -141,6 +146,9 @@ async def infer(request: Request) -> Response:
     except CnclipError as exc:
         stats.add("fail", time.perf_counter_ns() - started)
         return _error_response(exc)
+    except ClientGone:
+        stats.add("fail", time.perf_counter_ns() - started)
+        return client_gone_response()
     stats.success(len(batch), decoded - started, inferred - decoded, time.perf_counter_ns() - inferred)
     return response
 
@@ -286,18 +294,22 @@ async def repository_index(request: Request) -> Response:
 @router.post("/repository/models/{name}/load")
 @router.post("/repository/models/{name}/unload")
 async def repository_control(request: Request, name: str) -> Response:
-    """The models are this process's encoder: always loaded, never unloaded. Answered as Triton
-    answers without explicit model control (503)."""
+    """The models are this process's encoder: always loaded, never unloaded. Triton without explicit
+    model control answers 503; a request this server refuses for good is the client's, so 403 here."""
     try:
         await require_read_key(request)
     except CnclipError as exc:
         return _error_response(exc)
     action = request.url.path.rsplit("/", 1)[-1]
-    return v2_error(503, f"explicit model {action} is not allowed: this server always serves {', '.join(MODELS)}")
+    return v2_error(403, f"explicit model {action} is not allowed: this server always serves {', '.join(MODELS)}")
 
 
-@router.api_route("", methods=["POST", "PUT", "PATCH", "DELETE"], include_in_schema=False)
-@router.api_route("/{path:path}", methods=["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD"], include_in_schema=False)
+# Every method a client may send (OPTIONS too), so that none falls through to Starlette's /v1-shaped 405.
+_ANY_METHOD = ["GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"]
+
+
+@router.api_route("", methods=[m for m in _ANY_METHOD if m not in ("GET", "HEAD")], include_in_schema=False)
+@router.api_route("/{path:path}", methods=_ANY_METHOD, include_in_schema=False)
 async def not_found(request: Request, path: str = "") -> Response:
     """Every other /v2 request: 405 on a route that exists with another method, else 404, in v2's shape."""
     for route in router.routes:  # this router's own routes: their paths carry the /v2 prefix

@@ -5,7 +5,6 @@ decoding inputs for the encoder and encoding its answers."""
 from __future__ import annotations
 
 import base64
-import binascii
 import json
 import math
 import struct
@@ -20,6 +19,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ValidationError
 
 from api.body_budget import BodyBudget, read_within
+from api.values import ascii_count, numbers_within
 from retrieval.errors import InvalidInput, PayloadTooLarge
 
 HEADER_LENGTH = "Inference-Header-Content-Length"
@@ -36,6 +36,9 @@ CONTROL_JSON_VALUES = 1024
 VOCAB_SIZE = 21128
 
 _NUMPY_DTYPES: dict[str, np.dtype[Any]] = {"INT64": np.dtype("<i8"), "FP32": np.dtype("<f4")}
+# What JSON `data` may hold, checked before conversion: token ids of the vocabulary; finite FP32 values.
+_FP32_MAX = float(np.finfo(np.float32).max)
+_JSON_RANGES: dict[str, tuple[float, float]] = {"INT64": (0, VOCAB_SIZE - 1), "FP32": (-_FP32_MAX, _FP32_MAX)}
 
 
 @dataclass(frozen=True)
@@ -99,9 +102,10 @@ def header_length(request: Request) -> int | None:
     value = request.headers.get(HEADER_LENGTH)
     if value is None:
         return None
-    if not value.isdigit() or len(value) > 12:
+    length = ascii_count(value)  # the request number rule (api/values.py)
+    if length is None or len(value) > 12:
         raise BadRequest(f"{HEADER_LENGTH} is '{value[:20]}', not a byte count")
-    return int(value)
+    return length
 
 
 def body_budget(model: ServedModel | None, encoder: Any, json_bytes: int | None = None) -> BodyBudget:
@@ -122,7 +126,8 @@ async def read_body(request: Request, budget: BodyBudget) -> bytes:
     """The request body, decompressed when it came with `Content-Encoding: gzip` or `deflate`, refused
     (413) as soon as it goes over `budget` (see api/body_budget.py)."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > budget.max_bytes:
+    length = ascii_count(declared) if declared is not None else None
+    if length is not None and length > budget.max_bytes:
         raise PayloadTooLarge(f"request body of {declared} bytes exceeds the limit of {budget.max_bytes:,}")
     return await read_within(request.stream(), budget, request.headers.get("content-encoding"))
 
@@ -190,6 +195,12 @@ def decode_input(model: ServedModel, req: InferRequest, binary: bytes, encoder: 
         flat = _flatten(tensor.data if tensor.data is not None else [])
         if len(flat) != count:
             raise BadRequest(f"input '{tensor.name}' has {len(flat)} elements, its shape {shape} needs {count}")
+        # Bounded before numpy converts them (2**70 or 10**400 would raise OverflowError there).
+        low, high = _JSON_RANGES[model.datatype]
+        if not numbers_within(flat, low, high):
+            raise BadRequest(
+                f"input '{tensor.name}' holds values that are not {model.datatype} numbers in [{low:g}, {high:g}]"
+            )
         try:
             array = np.asarray(flat, dtype=dtype).reshape(shape)
         except (TypeError, ValueError) as exc:
@@ -236,7 +247,7 @@ def _base64_items(data: list[Any] | None) -> list[bytes]:
             raise BadRequest("JSON elements of a BYTES input must be base64 strings of the image files")
         try:
             items.append(base64.b64decode(value, validate=True))
-        except binascii.Error as exc:
+        except ValueError as exc:  # binascii.Error, or a plain ValueError for a non-ASCII string
             raise BadRequest("a JSON element of the BYTES input is not valid base64") from exc
     return items
 

@@ -16,8 +16,10 @@ from typing import Any
 
 from retrieval.errors import InvalidInput, NotFound
 from retrieval.json_text import loads
+from retrieval.regular_file import UnusableFile, read_regular_text
 
 MAX_LABEL_SETS = 500
+MAX_FILE_BYTES = 64 << 20  # 500 sets of labels and templates within the request limits take far less
 
 
 class LabelSetStore:
@@ -28,10 +30,12 @@ class LabelSetStore:
         self._lock = threading.Lock()
 
     def _load(self) -> dict[str, dict[str, Any]]:
-        try:
-            text = self.path.read_text(encoding="utf-8")
-        except FileNotFoundError:
-            return {}
+        try:  # a regular file only: a FIFO or a device at this path must not hang or flood a request
+            text = read_regular_text(self.path, MAX_FILE_BYTES, "label set file")
+        except UnusableFile as exc:
+            if exc.missing:
+                return {}
+            raise InvalidInput(f"label set file {exc.message}; fix or remove it") from None
         try:
             data = loads(text)
         except json.JSONDecodeError as exc:

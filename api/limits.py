@@ -12,6 +12,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.config import Settings
 from api.errors import error_response
+from api.values import ascii_count
 from retrieval.errors import PayloadTooLarge
 
 FORM_OVERHEAD = 1 << 20  # room for multipart headers and the small form fields next to the file
@@ -34,7 +35,8 @@ class BodySizeLimitMiddleware:
             await self.app(scope, receive, send)
             return
         declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self.max_bytes:
+        length = ascii_count(declared.decode("latin-1")) if declared is not None else None
+        if length is not None and length > self.max_bytes:
             message = f"the request body is larger than the limit of {self.max_bytes} bytes"
             if scope["path"] == "/v2" or scope["path"].startswith("/v2/"):
                 response = JSONResponse({"error": message}, status_code=413)  # the KServe v2 error shape

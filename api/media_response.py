@@ -2,9 +2,9 @@
 file again, so this module keeps what `FileResponse` gave: byte ranges and validators.
 
 `ETag` is the content's sha256 (strong: the bytes are exactly those). One range (`bytes=a-b`,
-`bytes=a-`, `bytes=-n`) is answered 206 with `Content-Range`; a range past the end 416; several
-ranges, a malformed header, or an `If-Range` that does not match the ETag are ignored and the
-whole body is sent (RFC 9110 §14.2 lets a server ignore `Range`). `If-None-Match` with the ETag: 304.
+`bytes=a-`, `bytes=-n`) is answered 206 with `Content-Range`; a range past the end 416 (in the one
+error shape, api/errors.py); several ranges, a malformed header, or an `If-Range` that does not match
+the ETag are ignored and the whole body is sent (RFC 9110 §14.2 lets a server ignore `Range`). `If-None-Match` with the ETag: 304.
 """
 
 from __future__ import annotations
@@ -14,6 +14,9 @@ import re
 from fastapi import Request
 from fastapi.responses import Response
 
+from api.errors import error_response
+from api.values import ascii_count
+
 _RANGE = re.compile(r"bytes=(\d*)-(\d*)")
 
 
@@ -22,12 +25,16 @@ def _one_range(header: str, size: int) -> tuple[int, int] | None | str:
     match = _RANGE.fullmatch(header.strip())
     if match is None or (not match[1] and not match[2]):
         return None
-    if not match[1]:  # the last n bytes
-        suffix = int(match[2])
+    # The request number rule (api/values.py): ASCII digits, a huge count not converted digit by digit.
+    first_pos, last_pos = ascii_count(match[1]), ascii_count(match[2])
+    if (match[1] and first_pos is None) or (match[2] and last_pos is None):
+        return None  # digits of another script: malformed, ignored
+    if first_pos is None:  # the last n bytes
+        suffix = last_pos or 0
         return (max(0, size - suffix), size - 1) if suffix > 0 and size > 0 else "unsatisfiable"
-    first = int(match[1])
-    last = min(int(match[2]), size - 1) if match[2] else size - 1
-    if match[2] and int(match[2]) < first:
+    first = first_pos
+    last = min(last_pos, size - 1) if last_pos is not None else size - 1
+    if last_pos is not None and last_pos < first:
         return None  # syntactically invalid: ignored
     return (first, last) if first < size else "unsatisfiable"
 
@@ -46,7 +53,10 @@ def media_response(request: Request, data: bytes, sha256: str, media_type: str, 
     if chosen is None:
         return Response(data, media_type=media_type, headers=common)
     if isinstance(chosen, str):  # unsatisfiable
-        return Response(status_code=416, headers={**common, "Content-Range": f"bytes */{len(data)}"})
+        message = f"the range {wanted.strip()[:40]!r} starts past the end of the {len(data)} bytes"
+        return error_response(
+            416, "range_not_satisfiable", message, {**common, "Content-Range": f"bytes */{len(data)}"}
+        )
     first, last = chosen
     part = data[first : last + 1]
     return Response(

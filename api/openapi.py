@@ -47,16 +47,18 @@ _OPTIONAL_KEY = [{}, *_KEY]  # needed only with CNCLIP_REQUIRE_KEY_FOR_READS
 _DESCRIPTIONS = {
     400: "The request breaks the KServe v2 protocol or the model's input contract.",
     401: "The API key is missing or wrong.",
+    403: "Refused for good: this server does not do that (/v2 explicit model load / unload).",
     404: "No such collection, item, label set or model.",
     408: "The request body did not arrive in time.",
     409: "It clashes with what exists.",
     410: "The item's file has changed since it was indexed.",
     413: "The body is larger than the limit.",
+    415: "A request `Content-Encoding` other than gzip, deflate or identity.",
     422: "The input cannot be used (validation, unreadable image).",
     429: "The encoder's queue is full (or another duplicate search is running); retry after `Retry-After` seconds.",
     500: "A bug; the message quotes the request id to report.",
-    501: "Not supported here, for good: do not retry (a /v2 Content-Encoding other than gzip, deflate or "
-    "identity; a Milvus server that cannot run the request, `vector_store_incompatible`).",
+    501: "Not supported here, for good: do not retry (a Milvus server that cannot run the request, "
+    "`vector_store_incompatible`).",
     503: "Not ready: the encoder is warming up or unreachable, or the database is down or locked; "
     "retry after `Retry-After` seconds.",
     507: "The server's disk (or quota) is full; nothing was stored.",
@@ -162,10 +164,10 @@ _V2_STATUSES = {
     "/v2/models/{name}/ready": {400, 500},
     "/v2/models/{name}/versions/{version}/ready": {400, 500},
     "/v2/repository/index": {400, 401, 500},
-    "/v2/repository/models/{name}/load": {401, 500, 503},
-    "/v2/repository/models/{name}/unload": {401, 500, 503},
-    "/v2/models/{name}/infer": {400, 401, 404, 408, 413, 429, 500, 501, 503},
-    "/v2/models/{name}/versions/{version}/infer": {400, 401, 404, 408, 413, 429, 500, 501, 503},
+    "/v2/repository/models/{name}/load": {401, 403, 500},
+    "/v2/repository/models/{name}/unload": {401, 403, 500},
+    "/v2/models/{name}/infer": {400, 401, 404, 408, 413, 415, 429, 500, 503},
+    "/v2/models/{name}/versions/{version}/infer": {400, 401, 404, 408, 413, 415, 429, 500, 503},
 }
 # Routes that answer like Triton with a status and an empty body (health and readiness probes).
 _V2_EMPTY_OK = (
@@ -201,6 +203,46 @@ def _document_v2(schema: dict[str, Any], path: str, ops: dict[str, Any]) -> None
             op["security"] = _OPTIONAL_KEY
 
 
+# The text rule (api/values.py) as the document says it: no request string holds NUL. (A lone surrogate
+# cannot be written in a JSON Schema string.) A string with no pattern gets NO_NUL; a negated class of
+# an existing pattern excludes NUL too; `\S` ("not blank") becomes NON_BLANK.
+NO_NUL = "^[^\\u0000]*$"
+NON_BLANK = "^[^\\u0000]*[^\\s\\u0000][^\\u0000]*$"
+
+
+def _no_nul(node: Any, schemas: dict[str, Any], seen: set[str]) -> None:
+    """Put the text rule on every plain string schema under `node`, following refs into `schemas`."""
+    if isinstance(node, list):
+        for item in node:
+            _no_nul(item, schemas, seen)
+        return
+    if not isinstance(node, dict):
+        return
+    ref = node.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/components/schemas/") and ref not in seen:
+        seen.add(ref)
+        _no_nul(schemas.get(ref.rsplit("/", 1)[1]), schemas, seen)
+    if node.get("type") == "string" and not {"format", "enum", "const", "contentMediaType"} & set(node):
+        pattern = node.get("pattern")
+        node["pattern"] = (
+            NO_NUL if pattern is None else NON_BLANK if pattern == "\\S" else pattern.replace("[^", "[^\\u0000")
+        )
+    for key, value in node.items():
+        if key != "$ref":
+            _no_nul(value, schemas, seen)
+
+
+def document_text_rule(schema: dict[str, Any]) -> None:
+    """Every string a /v1 request takes (parameters, bodies and the schemas they name) says it holds no NUL."""
+    schemas = schema.get("components", {}).get("schemas", {})
+    seen: set[str] = set()
+    for path, ops in schema["paths"].items():
+        if path.startswith("/v1"):
+            for op in ops.values():
+                _no_nul([p.get("schema") for p in op.get("parameters", [])], schemas, seen)
+                _no_nul(op.get("requestBody"), schemas, seen)
+
+
 def document_errors(schema: dict[str, Any]) -> dict[str, Any]:
     """Add error responses, error schemas and the API key's security schemes to `schema`."""
     components = schema.setdefault("components", {})
@@ -214,6 +256,7 @@ def document_errors(schema: dict[str, Any]) -> dict[str, Any]:
     schemas.update(InferRequest.model_json_schema(ref_template="#/components/schemas/{model}").pop("$defs", {}))
     schemas["InferRequest"] = InferRequest.model_json_schema(ref_template="#/components/schemas/{model}")
     components["securitySchemes"] = SECURITY_SCHEMES
+    document_text_rule(schema)
     _document_v1(schema)
     for path, ops in schema["paths"].items():
         if path.startswith("/v2"):

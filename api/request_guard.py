@@ -25,6 +25,7 @@ import uuid
 import anyio
 from starlette.datastructures import MutableHeaders
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.errors import error_response, public_message
@@ -109,6 +110,9 @@ class RequestGuardMiddleware:
 
         try:
             await self.app(scope, guarded_receive, guarded_send)
+        except ClientDisconnect:
+            # The client hung up before its body was read: no one to answer and nothing wrong here.
+            log.info("client went away during %s %s [request %s]", scope["method"], scope["path"], rid)
         except Exception:
             log.exception("unhandled error on %s %s [request %s]", scope["method"], scope["path"], rid)
             if started:

@@ -9,6 +9,7 @@ from typing import Annotated, ClassVar, Literal
 from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema, field_validator
 
+from indexer.exclusion import MAX_EXCLUDED
 from indexer.names import COLLECTION_NAME_PATTERN
 from indexer.paging import MAX_CANDIDATES, MAX_PAGE, SortOrder
 from retrieval.prompts import (
@@ -84,6 +85,11 @@ SORT_DOC = (
     "Dates order the results above min_score among the candidates (at most 1000)."
 )
 OFFSET_DOC = "Results to skip (paging). A result list ends at 1000: a page past it is cut short."
+EXCLUDE_DOC = (
+    f"Texts the results should not show (at most {MAX_EXCLUDED}, each like a query), e.g. 人: results matching one "
+    "clearly more than the candidates do are pushed down; score is then the cosine minus that penalty "
+    "(docs/api.md, Queries that exclude)."
+)
 
 
 class PageFields(StrictModel):
@@ -99,6 +105,7 @@ class TextSearchRequest(PageFields):
     query: Query = Field(description="Text to search for, at most 512 characters.", examples=["穿红色裙子的女孩"])
     collection: CollectionName | None = Field(None, description="Defaults to the default image collection.")
     filters: Filters | None = None
+    exclude: list[Query] = Field(default_factory=list, max_length=MAX_EXCLUDED, description=EXCLUDE_DOC)
 
 
 class SearchResult(BaseModel):
@@ -172,6 +179,11 @@ class CollectionOut(BaseModel):
     default: bool = Field(description="Searches that name no collection of this kind use this one.")
     migration: MigrationOut | None = Field(None, description="A migration to another model in progress, if any.")
     created_at: datetime | None
+    degraded: str | None = Field(
+        None,
+        description="Set when this collection's vector store failed to open, update or search: why, in short. "
+        "Its searches answer 503 (collection_unavailable) until it opens again; other collections are served.",
+    )
     suggested_min_score: dict[str, float] = Field(
         default_factory=dict,
         description="A starting min_score for this collection's model, per query kind (text, image).",

@@ -4,13 +4,16 @@ so that bad uploads fail fast with 413/422 before any model or database work."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 
 from fastapi import UploadFile
 
 from api.config import Settings
+from api.values import check_value
 from retrieval.errors import InvalidImage, InvalidInput, PayloadTooLarge
+from retrieval.image_budget import check_request_images, request_pixel_limit
 from retrieval.json_text import loads
-from retrieval.preprocess import ImageHeader, read_header
+from retrieval.preprocess import ImageHeader
 
 _CHUNK = 1 << 16
 
@@ -34,7 +37,15 @@ def inspect_image(data: bytes, settings: Settings) -> ImageHeader:
     """Format, size and EXIF date from the header (no pixel decoding), with the same rules the
     encoder's preprocessing applies: the one header read of an upload, passed along to whoever needs
     it. Blocking: call from a worker thread."""
-    return read_header(data, settings.max_image_bytes, settings.max_image_pixels)
+    return inspect_images([data], settings)[0]
+
+
+def inspect_images(images: Sequence[bytes], settings: Settings) -> list[ImageHeader]:
+    """`inspect_image` for every image of one request, and all of them together within the request's
+    pixel budget (`CNCLIP_MAX_REQUEST_PIXELS`), before any is decoded: the one check of every route
+    that takes images. Blocking: call from a worker thread."""
+    limit = request_pixel_limit(settings.max_image_pixels, settings.max_request_pixels)
+    return check_request_images(images, settings.max_image_bytes, settings.max_image_pixels, limit)
 
 
 def parse_string_list(raw: str | None, field: str, max_items: int, max_chars: int) -> list[str] | None:
@@ -58,4 +69,5 @@ def parse_string_list(raw: str | None, field: str, max_items: int, max_chars: in
     too_long = next((v for v in items if len(v) > max_chars), None)
     if too_long is not None:
         raise InvalidInput(f"{field} entry {too_long[:20]!r}... is longer than {max_chars} characters")
+    check_value(items, field)  # the request text rule (api/values.py), for entries JSON escapes could hide
     return items

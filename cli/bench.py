@@ -9,6 +9,7 @@ from typing import Annotated
 import typer
 
 from cli.errors import fail
+from cli.output_paths import check_output_file, write_text_atomically
 
 bench_app = typer.Typer(help="Benchmarks of the model runtime.", no_args_is_help=True)
 
@@ -55,6 +56,8 @@ def bench_encoders(
         raise typer.BadParameter("towers must be text and/or image")
     if precision not in ("auto", "fp32", "fp16", "int8"):
         raise typer.BadParameter("precision must be auto, fp32, fp16 or int8")
+    if json_out is not None:
+        check_output_file(json_out, "--json")  # before the sweep
     base = RuntimeSettings(model_dir=model, precision=precision, buckets=ints(buckets))  # type: ignore[call-arg, arg-type]
     try:
         points = run_sweep(
@@ -67,7 +70,7 @@ def bench_encoders(
     for point in points:
         typer.echo(point.row())
     if json_out is not None:
-        json_out.write_text(json.dumps(to_json(points), indent=2) + "\n", encoding="utf-8")
+        write_text_atomically(json_out, json.dumps(to_json(points), indent=2) + "\n", "--json")
 
 
 def register(app: typer.Typer) -> None:

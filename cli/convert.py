@@ -14,6 +14,7 @@ from rich.console import Console
 
 from cli.convert_report import print_report
 from cli.errors import fail
+from cli.output_paths import check_output_folder
 from retrieval.errors import CnclipError, InvalidInput
 from retrieval.toolchain.convert import ARCH_NAMES
 
@@ -68,14 +69,12 @@ def convert(
     ] = 100.0,
     seed: Annotated[int, typer.Option(help="Seed for --random-init.")] = 0,
 ) -> None:
-    """Convert a CN-CLIP checkpoint into a model directory of static-shape ONNX graphs (fp32/fp16/int8).
-
-    Exports image and text towers per batch bucket, simplifies them (op-count report), makes the
-    requested precisions, checks every graph against PyTorch, and writes manifest.json +
-    convert-report.json.
-    """
+    """Convert a CN-CLIP checkpoint into a model directory of static-shape ONNX graphs: both towers per
+    batch bucket, simplified, in each precision, checked against PyTorch; manifest + convert-report.json."""
+    check_output_folder(out, "--out")  # a usage error (exit 2) before minutes of export
     console = Console()
     try:
+        _check_arch(arch, bool(from_cnclip_onnx))
         bucket_list = _int_list(buckets, "--buckets")
         length_list = _int_list(text_lengths, "--text-lengths")
         precisions = [p.strip() for p in precision.split(",") if p.strip()]
@@ -91,6 +90,13 @@ def convert(
         raise fail(exc) from exc
     print_report(report, console)
     console.print(f"[green]wrote[/green] {out} (model {manifest.name}, logit_scale {manifest.logit_scale:g})")
+
+
+def _check_arch(arch: str | None, wrapping: bool) -> None:
+    """An unknown `--arch` is named first, before the checkpoint is looked for or torch is imported
+    (with `--from-cnclip-onnx` it is only a label)."""
+    if arch is not None and not wrapping and arch not in ARCH_NAMES:
+        raise InvalidInput(f"unknown architecture {arch!r} (--arch); choose one of {', '.join(ARCH_NAMES)}")
 
 
 def _wrap_cnclip_onnx(

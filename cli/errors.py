@@ -52,9 +52,14 @@ def exit_status(exc: CnclipError) -> int:
     return next(status for cls, status in EXIT_BY_ERROR if isinstance(exc, cls))
 
 
+def error_line(exc: CnclipError) -> str:
+    """The one line a project error is said in (also by a server whose start-up it stopped)."""
+    return f"error: {exc.message}"
+
+
 def fail(exc: CnclipError, *hints: str) -> typer.Exit:
     """Say `exc` in one red line on stderr (and `hints` after it); the `typer.Exit` to raise."""
-    typer.secho(f"error: {exc.message}", fg=typer.colors.RED, err=True)
+    typer.secho(error_line(exc), fg=typer.colors.RED, err=True)
     for hint in hints:
         typer.echo(hint, err=True)
     return typer.Exit(exit_status(exc))
@@ -93,7 +98,9 @@ def read_settings(cls: type[S], **overrides: Any) -> S:
     except SettingsError as exc:
         match = _UNPARSED_FIELD.search(str(exc))
         name = "CNCLIP_" + match["field"].upper() if match else "a CNCLIP_* setting"
-        _say(name, "is not valid JSON (lists are written as JSON, e.g. '[1,8,16]'; see docs/settings.md)")
+        why = getattr(exc.__cause__, "msg", None)  # the JSON parser's words: "Expecting value", "nested too deeply"
+        why = f" ({why})" if isinstance(why, str) else ""
+        _say(name, f"is not valid JSON{why} (lists are written as JSON, e.g. '[1,8,16]'; see docs/settings.md)")
     raise typer.Exit(EXIT_USAGE)
 
 

@@ -18,6 +18,7 @@ import typer
 from cli.catalog import storage_settings
 from cli.errors import EXIT_FILES_FAILED, EXIT_INTERRUPTED, friendly_errors
 from cli.output import plural
+from cli.output_paths import check_output_file, write_text_atomically
 
 if TYPE_CHECKING:
     from indexer.config import StorageSettings
@@ -69,6 +70,8 @@ def index(
         raise InvalidInput(f"{source} does not exist")
     if batch_size is not None and batch_size < 1:
         raise InvalidInput("--batch-size must be at least 1")
+    if report is not None:  # before the run, not after it
+        check_output_file(report, "--report", create_folders=True)
     if index_factory is not None:  # the grammar, before anything opens (the dimension: when it is created)
         index_factory = parse_index(index_factory).description
     settings = storage_settings()
@@ -127,6 +130,7 @@ async def _index(
                 read_threads=settings.index_read_threads,
                 inflight=max(2, settings.streams + 1),
                 restore_deleted=restore_deleted,
+                exclude=[settings.data_dir],  # its uploads' copies and thumbnails are not the folder's photos
                 **options,
             )
             with IndexProgress(collection) as progress:
@@ -184,10 +188,11 @@ def _write_report(path: Path, failures: list[tuple[str, str]]) -> None:
     from indexer.file_names import printable
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "w", encoding="utf-8") as f:
-        for where, why in failures:
-            # A name with undecodable bytes is shown as `\\xNN`: the report is UTF-8 text.
-            f.write(json.dumps({"path": printable(where), "reason": printable(why)}, ensure_ascii=False) + "\n")
+    # A name with undecodable bytes is shown as `\\xNN`: the report is UTF-8 text.
+    lines = (
+        json.dumps({"path": printable(where), "reason": printable(why)}, ensure_ascii=False) for where, why in failures
+    )
+    write_text_atomically(path, "".join(line + "\n" for line in lines), "--report")
 
 
 def _print_summary(summary: IndexSummary, dry_run: bool) -> None:
@@ -204,10 +209,12 @@ def _print_summary(summary: IndexSummary, dry_run: bool) -> None:
         rate = f", {summary.embedded / summary.seconds:.1f} images/s" if summary.embedded and summary.seconds else ""
         dated = f"; dated {summary.dated}" if summary.dated else ""
         dated += f"; hashed {summary.hashed}" if summary.hashed else ""
+        companions = f", RAW beside JPEG {summary.raw_companions}" if summary.raw_companions else ""
         typer.echo(
             f"indexed {summary.added} new, {summary.changed} changed, {summary.renamed} renamed; "
             f"skipped {summary.skipped} (unchanged {summary.unchanged}, duplicates {summary.duplicates}, "
-            f"not images {summary.not_images}, deleted earlier {summary.deleted_before}); failed {len(summary.failures)}; "
+            f"not images {summary.not_images}, deleted earlier {summary.deleted_before}{companions}); "
+            f"failed {len(summary.failures)}; "
             f"pruned {summary.pruned}{dated}; {summary.seconds:.1f} s{rate}"
         )
     for where, why in summary.failures[:SHOWN_FAILURES]:

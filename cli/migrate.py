@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -47,6 +48,7 @@ def migrate(
 ) -> None:
     """Re-embed a collection with another model while searches go on, then swap atomically."""
     from cli.catalog import storage_settings
+    from cli.serving import exit_on_bad_model_dir
     from indexer.migration import MigrateOptions
     from indexer.names import check_collection_name
 
@@ -58,7 +60,10 @@ def migrate(
         )
     options = MigrateOptions(batch=batch, throttle=throttle, swap=not no_swap, prune_missing=prune_missing)
     action = chosen[0] if chosen else "migrate"
-    lines = asyncio.run(_run(storage_settings(), collection, action, model, options, as_json))
+    settings = storage_settings()
+    if model is not None:  # the whole directory checked, in one line, before the collection is touched
+        exit_on_bad_model_dir(settings, "--model", model)
+    lines = asyncio.run(_run(settings, collection, action, model, options, as_json))
     typer.echo("\n".join(lines))
 
 
@@ -94,7 +99,8 @@ async def _migrate(settings: Any, service: Any, collection: str, model: Path, op
     try:
         await asyncio.to_thread(service.check_migration, collection, encoder)  # one line, before the bar
         with rebuild_progress(collection) as update:
-            return await service.migrate(collection, encoder, options, update)  # type: ignore[no-any-return]
+            # The directory, absolute, is recorded for servers that meet the swap (indexer/model_loader.py).
+            return await service.migrate(collection, encoder, options, update, os.path.abspath(model))  # type: ignore[no-any-return]
     finally:
         await encoder.close()
 

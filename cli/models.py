@@ -15,6 +15,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 
 from cli.errors import fail
 from cli.output import plain_columns
+from cli.output_paths import check_output_file, check_output_folder
 from retrieval.config import RuntimeSettings
 from retrieval.errors import CnclipError, InvalidInput
 from retrieval.toolchain.convert.pull import CHECKPOINTS, DownloadError, checkpoint_url, download, file_sha256
@@ -55,6 +56,8 @@ def pull(
                 raise DownloadError(f"{target} exists but its sha256 differs from --sha256; delete it and pull again")
             console.print(f"already downloaded: {target}")
         else:
+            check_output_folder(target.parent, "--dir")  # before the download
+            check_output_file(target, "--dir")
             url = checkpoint_url(checkpoint, settings.model_base_url)
             console.print(f"downloading {url}")
             with download_bar(target.name) as progress:

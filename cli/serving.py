@@ -6,11 +6,12 @@ from __future__ import annotations
 import ipaddress
 import logging
 import socket
+import sys
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from cli.errors import EXIT_ERROR, BadSetting, fail, friendly_errors
+from cli.errors import EXIT_ERROR, BadSetting, error_line, fail, friendly_errors
 from cli.log_setup import SERVER_FORMAT, configure_logging, uvicorn_level, verbosity_level
 from retrieval.errors import CnclipError
 
@@ -31,17 +32,27 @@ def load_settings() -> Settings:
 
 
 def exit_on_bad_model(settings: Settings) -> None:
-    """Fail with one line, not a lifespan traceback, when a local model directory is not usable."""
+    """Fail with one line and status 2, not a lifespan traceback, when a local model directory (the
+    settings' or one of `CNCLIP_MODEL_DIRS`), its tuning file or its plan cannot be used
+    (retrieval/model_check.py)."""
     if settings.encoder != "local":
         return
-    from retrieval.errors import ModelError
-    from retrieval.manifest import ModelManifest
+    for name, directory in [("CNCLIP_MODEL_DIR", settings.model_dir)] + [
+        ("CNCLIP_MODEL_DIRS", d) for d in settings.model_dirs
+    ]:
+        exit_on_bad_model_dir(settings, name, directory)
+
+
+def exit_on_bad_model_dir(settings: Any, name: str, directory: Any) -> None:
+    """One line and status 2 when the model directory `directory` (named by `name`: a setting, an
+    option) cannot run with these settings (retrieval/model_check.py)."""
+    from retrieval.model_check import check_local_model
 
     try:
-        ModelManifest.load(settings.model_dir, verify=False)
-    except ModelError as exc:
-        hint = "Set CNCLIP_MODEL_DIR to a model directory (see `cnclip convert`)."
-        raise fail(BadSetting(exc.message), hint) from exc
+        check_local_model(settings.model_copy(update={"model_dir": directory}))
+    except CnclipError as exc:
+        said = exc.message if exc.message.startswith("CNCLIP_") else f"{name}: {exc.message}"
+        raise fail(BadSetting(said)) from None
 
 
 def exit_on_missing_watched_folder(settings: Settings) -> None:
@@ -51,6 +62,39 @@ def exit_on_missing_watched_folder(settings: Settings) -> None:
     for folder in settings.watch:
         if not Path(folder).is_dir():
             raise fail(BadSetting(f"CNCLIP_WATCH: {folder} is not a folder"))
+
+
+def exit_on_unwatchable_collection(settings: Settings) -> None:
+    """`CNCLIP_WATCH` naming a collection its watcher would refuse (a text collection, another model's):
+    one line and status 2, before the port is bound — not a server that starts and never watches."""
+    if not settings.watch:
+        return
+    import asyncio
+
+    from indexer.runtime import open_runtime
+    from retrieval.errors import NotFound
+
+    local = settings.encoder == "local"  # a remote encoder's model is known once it answers: kind only
+
+    async def check() -> None:
+        async with open_runtime(settings, encoder=local, warm=False) as rt:  # the models' ids and sizes, no session
+            assert rt.service is not None
+            for folder, collection in settings.watch.items():
+                try:
+                    info = rt.service.get(collection)
+                except NotFound:
+                    continue  # the watcher creates it
+                try:  # what the watcher's `ensure` checks, asked now
+                    rt.service.check_kind(info, "images", "watching a folder")
+                    if local:
+                        rt.service.check_model(info)
+                except CnclipError as exc:
+                    raise BadSetting(f"CNCLIP_WATCH: {folder}: {exc.message}") from None
+
+    try:
+        asyncio.run(check())
+    except BadSetting as exc:
+        raise fail(exc) from None
 
 
 def bind_listener(host: str, port: int) -> socket.socket:
@@ -71,6 +115,38 @@ def bind_listener(host: str, port: int) -> socket.socket:
     return listener
 
 
+class OneLineStartupFailure:
+    """`app`, whose failed start-up is said in one line when a project error stopped it: uvicorn logs
+    the traceback Starlette hands it ("lifespan.startup.failed"), which for an error raised on purpose
+    (a model that cannot load, a budget nothing fits in) says nothing the message does not. Any other
+    exception keeps its traceback: that is a bug to see. Everything else is the app's (`.state`, …)."""
+
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.app, name)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope.get("type") != "lifespan":
+            return await self.app(scope, receive, send)
+
+        async def say_one_line(message: dict[str, Any]) -> None:
+            error = _project_error(sys.exc_info()[1])  # Starlette sends this from inside its `except`
+            if message.get("type") == "lifespan.startup.failed" and error is not None:
+                message = {**message, "message": error_line(error)}
+            await send(message)
+
+        return await self.app(scope, receive, say_one_line)
+
+
+def _project_error(exc: BaseException | None) -> CnclipError | None:
+    """The project error that `exc` is, or the only one a group of exceptions holds."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc if isinstance(exc, CnclipError) else None
+
+
 def run_server(app: Any, listener: socket.socket, **options: Any) -> None:
     """Serve `app` with uvicorn on `listener` (from `bind_listener`). An app whose start-up fails
     (its log says why) exits with status 1; uvicorn's own 3 is `cnclip index`'s in the README."""
@@ -87,7 +163,7 @@ def run_server(app: Any, listener: socket.socket, **options: Any) -> None:
                 "Uvicorn running on http://%s:%d (Press CTRL+C to quit)", host, port
             )
 
-    server = Server(uvicorn.Config(app, host=host, port=port, **options))
+    server = Server(uvicorn.Config(OneLineStartupFailure(app), host=host, port=port, **options))
     try:
         server.run(sockets=[listener])
     except SystemExit as exc:
@@ -153,6 +229,7 @@ def serve(
     exit_on_bad_model(settings)
     exit_on_missing_watched_folder(settings)
     check_storage(settings)  # a SQLite file that is no catalog, a vector engine that cannot be used
+    exit_on_unwatchable_collection(settings)
     prepare_for_serving(settings)
     listener = bind_listener(settings.host, settings.port)  # before the model loads
     configure_logging(project_log_level(ctx, log_level), SERVER_FORMAT)

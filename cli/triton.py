@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 
 from cli.errors import EXIT_INTERRUPTED, fail
+from cli.output_paths import check_output_folder
 
 if TYPE_CHECKING:
     from retrieval.toolchain.triton.server import TritonLaunch
@@ -78,6 +79,7 @@ def register_export(app: typer.Typer) -> None:
             precision=precision,
             queue_delay_us=queue_delay_us,
         )
+        check_output_folder(out, "--out")
         try:
             report = export_triton_repository(model, out, options, force=force)
         except CnclipError as exc:

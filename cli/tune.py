@@ -9,6 +9,7 @@ import typer
 
 from cli.bench import ints
 from cli.errors import fail
+from cli.output_paths import check_output_file
 
 
 def tune(
@@ -39,7 +40,10 @@ def tune(
     from retrieval.memory_budget import parse_budget
     from retrieval.tune import TuneOptions
     from retrieval.tune_report import tune_and_write
+    from retrieval.tuning import TUNING_NAME
 
+    if out is not None or model.is_dir():  # before minutes of measuring (a missing --model is said below)
+        check_output_file(out if out is not None else model / TUNING_NAME, "--out")
     try:
         budget = parse_budget(memory_budget_mb)
     except CnclipError as exc:  # a usage error: exit 2, like typer's own checks

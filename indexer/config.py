@@ -9,6 +9,7 @@ from indexer.index_spec import InvalidIndexDescription, parse_index
 from indexer.watch_settings import WatchTuning
 from retrieval.config import RuntimeSettings
 from retrieval.errors import InvalidInput
+from retrieval.machine_limits import io_threads_refusal
 
 
 class StorageSettings(WatchTuning, RuntimeSettings):
@@ -17,13 +18,24 @@ class StorageSettings(WatchTuning, RuntimeSettings):
     database_url: str | None = Field(
         None, description="SQLAlchemy URL; empty = SQLite file `catalog.db` under the data dir."
     )
+    database_pool_size: int = Field(
+        10,
+        ge=2,
+        le=1000,
+        description="Database connections each process keeps (no overflow); writers take at most half, reads the "
+        "rest. On PostgreSQL, replicas × this + the other processes must stay under `max_connections` "
+        "(docs/scaling-out.md#database-connections).",
+    )
     index_factory: str = Field(
         "Flat",
         description="Index of new collections: Flat, HNSW{M}, IVF{n},Flat or IVF{n},PQ{m}[x{bits}], e.g. HNSW32, "
         "IVF4096,Flat, IVF4096,PQ64 (Milvus maps these to FLAT, HNSW, IVF_FLAT, IVF_PQ).",
     )
     index_train_min: int = Field(
-        10_000, ge=1, description="Vectors a collection needs before a non-Flat factory is trained (Flat until then)."
+        10_000,
+        ge=1,
+        description="Vectors a collection needs before a non-Flat factory is trained (Flat until then); never fewer "
+        "than the index's trained parts need (39 per IVF list, 2^bits per PQ codebook: 256 for `PQ…x8`).",
     )
     search_rerank_factor: int = Field(
         4,
@@ -33,7 +45,11 @@ class StorageSettings(WatchTuning, RuntimeSettings):
     index_nprobe: int = Field(64, ge=1, description="IVF lists visited per search.")
     index_ef_search: int = Field(128, ge=1, description="HNSW candidate list size per search.")
     index_batch_size: int = Field(32, ge=1, description="Images per embedding batch and per commit in `cnclip index`.")
-    index_read_threads: int = Field(2, ge=1, description="Threads reading and hashing files in `cnclip index`.")
+    index_read_threads: int = Field(
+        2,
+        ge=1,
+        description="Threads reading and hashing files in `cnclip index`; at most 4 per core this process may run on.",
+    )
     index_save_interval_s: float = Field(
         30.0, ge=0, description="Longest time the FAISS file lags behind SQL (it is caught up from SQL on open)."
     )
@@ -57,8 +73,9 @@ class StorageSettings(WatchTuning, RuntimeSettings):
         None,
         ge=0.5,
         le=1.0,
-        description="Cosine at which two photos are similar shots (`cnclip duplicates`); unset = the model's: "
-        "0.88 measured for cnclip-demo, 0.95 (not measured) for other models. See docs/duplicates.md.",
+        description="Cosine at which two photos are similar shots (`cnclip duplicates`); unset = calibrated on "
+        "each collection with its model (the tier is off when the model cannot separate shots from other photos "
+        "there). See docs/duplicates.md.",
     )
     duplicate_time_budget_s: float = Field(
         10.0,
@@ -67,6 +84,28 @@ class StorageSettings(WatchTuning, RuntimeSettings):
         description="Longest a duplicates request searches for similar shots; then it answers with what it found "
         "(marked partial) and the next request goes on.",
     )
+
+    @field_validator("index_read_threads")
+    @classmethod
+    def _readers_fit_the_cores(cls, value: int) -> int:
+        refusal = io_threads_refusal(value)
+        if refusal is not None:
+            raise ValueError(refusal)
+        return value
+
+    @field_validator("database_url")
+    @classmethod
+    def _parsed_url(cls, value: str | None) -> str | None:
+        # Parsed now, so that a malformed URL is one line at start, not SQLAlchemy's traceback later.
+        from sqlalchemy.engine import make_url
+        from sqlalchemy.exc import ArgumentError
+
+        if value:
+            try:
+                make_url(value)
+            except (ArgumentError, ValueError) as exc:
+                raise ValueError(f"not a database URL ({str(exc).splitlines()[0][:120]})") from None
+        return value
 
     @field_validator("index_factory")
     @classmethod

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import os
 import sqlite3
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -33,6 +34,8 @@ from sqlalchemy.exc import InterfaceError, OperationalError
 
 from indexer.config import StorageSettings
 from indexer.errors import DatabaseRefused, DatabaseUnavailable, StorageFull
+from indexer.lock_order import pool_options
+from retrieval.regular_file import UnusableFile, open_regular
 
 log = logging.getLogger(__name__)
 
@@ -80,16 +83,19 @@ def _sqlite_pragmas(dbapi_connection: Any, _record: Any) -> None:
     cursor.close()
 
 
-def create_db_engine(url: str) -> Engine:
-    """An engine for `url`; SQLite files get WAL and foreign keys, their folder is created."""
+def create_db_engine(url: str, pool_size: int | None = None) -> Engine:
+    """An engine for `url`; SQLite files get WAL and foreign keys, their folder is created. Its pool
+    holds `pool_size` connections (indexer/lock_order.py: the order locks are taken in, and why a
+    pool that runs dry is a 503)."""
+    pool = pool_options(url, pool_size)
     if url.startswith("sqlite"):
         path = url.split(":///", 1)[-1]
         if path and path != ":memory:":
             Path(path).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 10})
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 10}, **pool)
         event.listen(engine, "connect", _sqlite_pragmas)
     else:
-        engine = create_engine(url, pool_pre_ping=True)
+        engine = create_engine(url, pool_pre_ping=True, **pool)
     event.listen(engine, "handle_error", _domain_error)
     return engine
 
@@ -127,13 +133,13 @@ def _known_revisions() -> set[str]:
 def check_sqlite_file(path: Path) -> None:
     """`DatabaseRefused` unless `path` is missing (a new catalog) or a cnclip catalog (see the
     module docstring). Reads the file only; call with the migration lock held."""
-    try:
-        with open(path, "rb") as f:
+    try:  # a regular file only: a FIFO or a device named as the catalog must not hang the check
+        with os.fdopen(open_regular(path), "rb") as f:
             head = f.read(len(SQLITE_HEADER))
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise DatabaseRefused(f"cannot read the database file {path}: {exc.strerror or exc}") from exc
+    except UnusableFile as exc:
+        if exc.missing:
+            return
+        raise DatabaseRefused(f"the database file {exc.message}: {_FIX}") from None
     if not head:
         raise DatabaseRefused(f"the database file {path} is empty (0 bytes), not a cnclip catalog: {_FIX}")
     if head != SQLITE_HEADER:

@@ -51,6 +51,16 @@ class VectorStoreUnavailable(VectorStoreError):
     code = "vector_store_unavailable"
 
 
+class CollectionUnavailable(VectorStoreUnavailable):
+    """One collection's vector store cannot be opened, built or searched now (a damaged or unreadable
+    index file, a failure inside the engine): that collection is degraded and answers 503 while the
+    others are served; it is opened again after a back-off (indexer/store_health.py). The message is
+    written for clients (it names the collection, not the cause: the server log has that)."""
+
+    code = "collection_unavailable"
+    public = True  # the message may reach a client as it is (api/errors.py)
+
+
 class VectorStoreIncompatible(VectorStoreError):
     """The engine refuses what we ask for good (a Milvus older than the minimum, a request its version
     cannot parse): retrying cannot help, so it is not `VectorStoreUnavailable`'s "retry in a moment"."""

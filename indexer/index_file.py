@@ -25,6 +25,7 @@ import faiss
 
 from indexer.disk_full import write_atomically_with
 from retrieval.json_text import loads
+from retrieval.regular_file import UnusableFile, open_regular
 
 MAGIC = b"CNCLIPIX1"
 _LENGTHS = struct.Struct("<IQ")  # header length, body length
@@ -73,10 +74,10 @@ def read_index_file(path: Path, accept: Callable[[dict[str, Any]], None]) -> tup
     """The header and index saved at `path`; IndexFileError says why they cannot be used.
     `accept(header)` raises IndexFileError for a header the caller will not use, before FAISS reads
     the body (a file made for another model costs no deserialization)."""
-    try:
-        f = open(path, "rb")  # noqa: SIM115  # closed below; one descriptor for both passes
-    except FileNotFoundError as exc:
-        raise IndexFileError("no index file") from exc
+    try:  # a regular file only: a FIFO or a device left at this name must not hang the open
+        f = os.fdopen(open_regular(path), "rb")  # closed below; one descriptor for both passes
+    except UnusableFile as exc:
+        raise IndexFileError("no index file" if exc.missing else f"not an index file: it {exc.reason}") from exc
     with f:
         size = os.fstat(f.fileno()).st_size
         start = f.read(_HEAD)

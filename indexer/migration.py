@@ -28,7 +28,7 @@ from indexer.errors import MediaChanged, MigrationRefused
 from indexer.generations import Generation, MigrationStatus
 from indexer.types import Catalog, CollectionState, ItemRecord
 from indexer.use_cases import off_loop
-from retrieval.errors import NotFound
+from retrieval.errors import CnclipError, NotFound
 from retrieval.types import Encoder
 
 log = logging.getLogger(__name__)
@@ -96,6 +96,28 @@ class MigrationJob:
     async def run(self) -> MigrateReport:
         started = time.perf_counter()
         generation = await off_loop(self.catalog.begin_shadow, self.name, self.encoder.model_id, self.encoder.dim)
+        try:
+            return await self._run(generation, started)
+        except (Exception, asyncio.CancelledError):
+            await self._forget_if_empty(generation)
+            raise
+
+    async def _forget_if_empty(self, generation: Generation) -> None:
+        """A run that fails before the shadow holds a single vector removes it: left behind, an empty
+        shadow would refuse every later migration to another model ("is migrating to … already")."""
+        try:
+            shadow = (await off_loop(self.catalog.generation_status, self.name)).shadow
+            if shadow is not None and shadow.id == generation.id and shadow.vectors == 0:
+                await off_loop(self.catalog.drop_generation, self.name, "shadow")
+                log.info(
+                    "migration of %s to %s failed before its first vector: its shadow is removed",
+                    self.name,
+                    self.encoder.model_id,
+                )
+        except CnclipError as exc:  # the failure that brought us here is what the caller hears about
+            log.warning("could not remove the empty shadow of %s: %s", self.name, exc.message)
+
+    async def _run(self, generation: Generation, started: float) -> MigrateReport:
         probe, prepared, swapped = None, False, False
         for _round in range(self.options.max_rounds):
             await self._fill(generation)

@@ -9,6 +9,7 @@ import fcntl
 import json
 import logging
 import os
+import stat
 import sys
 import threading
 import time
@@ -18,6 +19,7 @@ from pymilvus import MilvusClient, MilvusException
 
 from indexer.errors import VectorStoreBusy, VectorStoreUnavailable
 from retrieval.json_text import loads
+from retrieval.regular_file import kind_of
 
 # pymilvus runs one Lite server per file per process and keeps it until exit; engines of one
 # process (a test's two catalogs, say) share it, so the last one to close stops it and frees the file.
@@ -38,11 +40,26 @@ def is_lite(uri: str) -> bool:
     return not uri.startswith(("http://", "https://", "tcp://", "unix:"))
 
 
+def check_lite_file(path: Path) -> None:
+    """`VectorStoreUnavailable` (one line) when `path` is something Lite cannot use: a FIFO, a device or
+    a socket named by CNCLIP_MILVUS_URI. Missing is fine (Lite makes it), and so are a file and the
+    folder Milvus Lite keeps its data in."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise VectorStoreUnavailable(f"cannot open the Milvus Lite file {path}: {exc.strerror or exc}") from None
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise VectorStoreUnavailable(f"cannot open the Milvus Lite file: {path} is {kind_of(mode)}, not a file")
+
+
 def open_lite(path: Path) -> MilvusClient:
     """A client of the Lite file at `path` (opened in this process, shared by its engines);
     `VectorStoreBusy` naming the process that holds it, `VectorStoreUnavailable` for a file Lite
     cannot open."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    check_lite_file(path)
     grpc_log = logging.getLogger("grpc._server")
     if not any(isinstance(f, _LiteUnimplemented) for f in grpc_log.filters):
         grpc_log.addFilter(_LiteUnimplemented())

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 from pymilvus import DataType, MilvusClient, MilvusException
 
-from indexer.milvus_lite import is_lite, open_lite, release_lite
+from indexer.milvus_lite import check_lite_file, is_lite, open_lite, release_lite
 from indexer.milvus_plan import (
     LITE,
     MAX_TOPK,
@@ -274,7 +274,10 @@ class MilvusEngine:
 
     # --- VectorEngine --------------------------------------------------------------------------
     def check(self) -> None:
-        """Connect to a server now and learn what it supports (Lite: nothing to ask)."""
+        """Connect to a server now and learn what it supports (Lite: nothing to ask, but its file must
+        be one it can use)."""
+        if self.lite:
+            check_lite_file(Path(self.uri))
         self.capabilities()
 
     def validate(self, index: str, dim: int) -> None:

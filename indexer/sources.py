@@ -6,20 +6,28 @@ import csv
 import json
 import os
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from indexer.file_names import check_file_name
 from indexer.safe_open import inside
+from indexer.sql_values import text_problem
 from retrieval.errors import InvalidInput
 from retrieval.json_text import loads
+from retrieval.raw_photos import RAW_SUFFIXES
 
 MANIFEST_SUFFIXES = {".jsonl", ".csv"}
-IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff", ".heic", ".heif", ".hif", ".avif"}
+IMAGE_SUFFIXES |= RAW_SUFFIXES  # .dng .cr2 .cr3 .nef .arw .raf .orf .rw2 (retrieval/raw_photos.py)
 # File signatures of the formats Pillow opens: a file that starts like an image and cannot be read is
 # a broken image (reported); anything else in a folder is simply not an image (counted, not reported).
-IMAGE_SIGNATURES = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a", b"BM", b"II*\x00", b"MM\x00*")
+IMAGE_SIGNATURES: tuple[bytes, ...] = (b"\xff\xd8\xff", b"\x89PNG\r\n\x1a\n", b"GIF87a", b"GIF89a", b"BM", b"II*\x00")
+# Big-endian TIFF; camera RAWs' own: RAF, ORF, RW2.
+IMAGE_SIGNATURES += (b"MM\x00*", b"FUJIFILMCCD-RAW", b"IIRO", b"IIRS", b"MMOR", b"IIU\x00")
+# ISO base media files (HEIC/HEIF, AVIF, CR3) by their `ftyp` major brand, at bytes 8–12.
+FTYP_BRANDS = (b"heic", b"heix", b"heim", b"heis", b"hevc", b"hevx", b"mif1", b"msf1", b"avif", b"avis", b"crx ")
 
 
 @dataclass(frozen=True)
@@ -39,14 +47,32 @@ def looks_like_image(path: Path, head: bytes) -> bool:
     """Whether a file claims to be an image (by its first bytes or, failing that, its name)."""
     if head.startswith(IMAGE_SIGNATURES) or (head[:4] == b"RIFF" and head[8:12] == b"WEBP"):
         return True
+    if head[4:8] == b"ftyp" and head[8:12] in FTYP_BRANDS:
+        return True
     return path.suffix.lower() in IMAGE_SUFFIXES
 
 
-def load_entries(source: Path) -> tuple[list[SourceEntry], list[tuple[str, str]]]:
-    """The files to index and the manifest lines that could not be used, as (where, why)."""
+def identities(folders: Iterable[Path]) -> frozenset[tuple[int, int]]:
+    """(device, inode) of each of these folders that exists: what a walk must not enter, however it
+    is reached (the data dir: the product's own files, uploads' copies and thumbnails)."""
+    found = set()
+    for folder in folders:
+        try:
+            info = os.stat(folder)
+        except OSError:
+            continue
+        found.add((info.st_dev, info.st_ino))
+    return frozenset(found)
+
+
+def load_entries(
+    source: Path, skip: frozenset[tuple[int, int]] = frozenset()
+) -> tuple[list[SourceEntry], list[tuple[str, str]]]:
+    """The files to index and the manifest lines that could not be used, as (where, why). `skip`:
+    folders a walk does not enter (`identities`)."""
     source = source.expanduser()
     if source.is_dir():
-        return walk_folder(source)
+        return walk_folder(source, skip=skip)
     if source.is_file() and source.suffix.lower() in MANIFEST_SUFFIXES:
         return read_manifest(source)
     if source.is_file():
@@ -54,17 +80,24 @@ def load_entries(source: Path) -> tuple[list[SourceEntry], list[tuple[str, str]]
     raise InvalidInput(f"{source} does not exist")
 
 
-def walk_folder(root: Path, start: Path | None = None) -> tuple[list[SourceEntry], list[tuple[str, str]]]:
+def walk_folder(
+    root: Path, start: Path | None = None, skip: frozenset[tuple[int, int]] = frozenset()
+) -> tuple[list[SourceEntry], list[tuple[str, str]]]:
     """Every regular file under `root`, sorted, and the files refused as (path, why). Hidden folders
     and files are skipped, symlinked folders not followed; a symlinked file is indexed when its
     target stays inside `root` (it is served from there), and refused when it leads out: the server
     would never serve it, and reading it would put an outside file's content into the catalog.
-    `start`: walk only this folder inside `root` (a folder watcher's changed one), with `root`'s rules."""
+    `start`: walk only this folder inside `root` (a folder watcher's changed one), with `root`'s rules;
+    `skip`: folders (by identity) not entered."""
     entries: list[SourceEntry] = []
     refused: list[tuple[str, str]] = []
     top = root.resolve()
     for folder, subfolders, files in os.walk(start or top):
-        subfolders[:] = sorted(name for name in subfolders if not name.startswith("."))
+        subfolders[:] = sorted(
+            name
+            for name in subfolders
+            if not name.startswith(".") and not (skip and identities([Path(folder) / name]) & skip)
+        )
         for name in sorted(files):
             found = folder_entry(top, Path(folder) / name)
             if isinstance(found, SourceEntry):
@@ -114,6 +147,9 @@ def _entry(base: Path, row: dict[str, Any]) -> SourceEntry:
     caption = row.get("caption")
     if caption is not None and not isinstance(caption, str):
         raise ValueError("'caption' must be a string")
+    for text in [caption or "", *_tags(row.get("tags"))]:  # the one text rule (indexer/sql_values.py)
+        if (problem := text_problem(text)) is not None:
+            raise ValueError(f"a caption or tag {problem}")
     extra = row.get("extra") or {}
     if not isinstance(extra, dict):
         raise ValueError("'extra' must be an object")

@@ -1,9 +1,11 @@
 """Small conversions every SQL module of the catalog shares: timestamps (naive UTC in both
-databases), id lists cut to the drivers' limits, the sha256 of a text, vector blobs to a matrix."""
+databases), id lists cut to the drivers' limits, the sha256 of a text, vector blobs to a matrix; and
+the rules for what a text or timestamp column can hold on both databases (`text_problem`, `as_utc`)."""
 
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -11,6 +13,36 @@ from typing import Any
 import numpy as np
 
 IN_CHUNK = 5000  # ids per SQL IN (...) list; SQLite allows 32766 variables
+
+
+# What `text_problem` refuses, found in one scan: a Python str holds an astral character as one code
+# point, so any code point in U+D800..U+DFFF is a lone surrogate.
+FLAWED_TEXT = re.compile("[\x00\ud800-\udfff]")
+
+
+def text_problem(text: str) -> str | None:
+    """Why `text` cannot be stored (NUL, a lone surrogate), or None when it can: the one text rule.
+    PostgreSQL cannot store NUL in text and no driver can encode a lone surrogate as UTF-8, so such a
+    text is refused before it reaches SQL (or a JSON answer), on every database alike: the API answers
+    422 naming the field (api/values.py), `cnclip index-texts` and a manifest name the line."""
+    flaw = FLAWED_TEXT.search(text)
+    if flaw is None:
+        return None
+    if flaw[0] == "\x00":
+        return f"contains a NUL character (at {flaw.start()}); text must not hold U+0000"
+    return f"contains a lone surrogate U+{ord(flaw[0]):04X} (at {flaw.start()}); text must be valid Unicode"
+
+
+def as_utc(moment: datetime) -> datetime | None:
+    """`moment` normalised to aware UTC (a naive one is UTC already); None when that leaves the calendar
+    (years 1 to 9999): an offset pushes `0001-01-01T00:00:30+23:59` out of it. The one datetime rule:
+    the API refuses such a value (api/values.py), a file's EXIF date is then no date (indexer/taken.py)."""
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        return moment.replace(tzinfo=UTC)
+    try:
+        return moment.astimezone(UTC)
+    except OverflowError:
+        return None
 
 
 def naive_utc(moment: datetime) -> datetime:

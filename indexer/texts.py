@@ -9,10 +9,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 from indexer.service import CollectionService
-from indexer.sql_values import text_sha
+from indexer.sql_values import text_problem, text_sha
 from indexer.types import NewText
 from retrieval.errors import InvalidInput
 from retrieval.json_text import loads
+
+
+def _storable(new: NewText, where: str) -> NewText:
+    """`new`, when its text and tags pass the one text rule (indexer/sql_values.py)."""
+    for text in (new.text, *new.tags):
+        if (problem := text_problem(text)) is not None:
+            raise InvalidInput(f"{where}: the text or a tag {problem}")
+    return new
 
 
 def read_texts(path: Path) -> list[NewText]:
@@ -27,7 +35,7 @@ def read_texts(path: Path) -> list[NewText]:
         if not line.strip():
             continue
         if path.suffix.lower() != ".jsonl":
-            texts.append(NewText(line.strip()))
+            texts.append(_storable(NewText(line.strip()), f"{path}:{number}"))
             continue
         try:
             row = loads(line)
@@ -40,7 +48,7 @@ def read_texts(path: Path) -> list[NewText]:
         extra = row.get("extra") or {}
         if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags) or not isinstance(extra, dict):
             raise InvalidInput(f'{path}:{number}: "tags" must be a list of strings and "extra" an object')
-        texts.append(NewText(text.strip(), tags, extra))
+        texts.append(_storable(NewText(text.strip(), tags, extra), f"{path}:{number}"))
     return texts
 
 

@@ -25,6 +25,7 @@ from pydantic import BaseModel, Field
 from indexer.file_names import check_file_name
 from indexer.names import check_collection_name, collection_key
 from retrieval.errors import CnclipError
+from retrieval.json_text import loads
 
 WATCH_FORMAT = 'a JSON object of folder → collection, e.g. {"/srv/photos": "photos"}'
 
@@ -68,7 +69,7 @@ def parse_watch_setting(value: Any) -> dict[str, str]:
         if not value.strip():
             return {}
         try:
-            value = json.loads(value)
+            value = loads(value, unique_keys=True)  # nested 50,000 deep or a folder named twice: refused
         except json.JSONDecodeError as exc:
             raise ValueError(f"not JSON ({exc.msg}); write {WATCH_FORMAT}") from None
     if not isinstance(value, dict):

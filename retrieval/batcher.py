@@ -154,7 +154,7 @@ class DynamicBatcher:
         if not task.cancelled() and task.exception() is not None:
             log.error("%s batcher stopped", self.tower, exc_info=task.exception())
             self._closing = True
-            self._fail_queued(EncoderUnavailable(f"the {self.tower} encoder stopped; see the server log"))
+            self._fail_queued(EncoderUnavailable(f"the {self.tower} encoder stopped; its log says why"))
 
     async def close(self) -> None:
         """Fail what is queued, let running batches finish, stop the dispatcher."""

@@ -13,8 +13,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, ValidationInfo, field_validator
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from retrieval.machine_limits import inference_threads_refusal
+from retrieval.settings_source import SafeEnvSource
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 # The small demo model the project trains and ships (see models/cnclip-demo/MODEL_CARD.md).
@@ -28,14 +31,18 @@ def default_data_dir() -> Path:
 class RuntimeSettings(BaseSettings):
     """The model runtime's part (and where the service keeps its files)."""
 
-    model_config = SettingsConfigDict(env_prefix="CNCLIP_", env_nested_delimiter="__", extra="ignore")
+    # allow_inf_nan=False: `inf` passes every `gt=0` and `nan` every comparison-free use; no setting means either.
+    model_config = SettingsConfigDict(
+        env_prefix="CNCLIP_", env_nested_delimiter="__", extra="ignore", allow_inf_nan=False
+    )
 
     # --- model runtime -------------------------------------------------------------------
     model_dir: Path = Field(SHIPPED_MODEL_DIR, description="Model directory with manifest.json.")
     model_dirs: list[Path] = Field(
         default_factory=list,
         description="More model directories a server holds besides CNCLIP_MODEL_DIR (JSON list): a collection is "
-        "answered by its active model's encoder, so a collection can migrate to a new model (`cnclip migrate`).",
+        "answered by its active model's encoder, so a collection can migrate to a new model (`cnclip migrate`). "
+        "Each is checked in full before the port is bound (manifest, files, graph shapes, plan), as CNCLIP_MODEL_DIR is.",
     )
     provider: Literal["auto", "cann", "cuda", "cpu"] = Field(
         "auto", description="Execution provider; auto detects an Ascend NPU, then CUDA, then uses CPU."
@@ -58,7 +65,8 @@ class RuntimeSettings(BaseSettings):
     tuning_file: Path | None = Field(
         None,
         description="The tuning file `cnclip tune` wrote; unset = tuning.json in the model directory. Used only "
-        "when it was made for this model on this machine.",
+        "when it was made for this model on this machine. Naming something that is not a regular file (a FIFO, a "
+        "device) stops `cnclip serve` at start in one line.",
     )
     memory_budget_mb: Literal["auto"] | Annotated[int, Field(ge=0)] = Field(
         "auto",
@@ -76,9 +84,14 @@ class RuntimeSettings(BaseSettings):
         description="Text length buckets to load (tokens, e.g. `[16,52]`); empty = every length the model has. "
         "A text runs in the shortest that holds it.",
     )
-    streams: int = Field(1, ge=1, le=64, description="Parallel inference sessions per tower.")
+    streams: int = Field(
+        1, ge=1, le=64, description="Parallel inference sessions per tower; at most the cores this process may run on."
+    )
     threads_per_stream: int = Field(
-        0, ge=0, description="intra_op threads of each CPU session; 0 = cores divided by streams."
+        0,
+        ge=0,
+        description="intra_op threads of each CPU session; 0 = cores divided by streams. Streams × threads may not "
+        "exceed the cores this process may run on (a tuning file's too).",
     )
     pin_threads: bool = Field(False, description="Pin each CPU stream's threads to its own cores.")
     share_weights: bool = Field(
@@ -103,6 +116,12 @@ class RuntimeSettings(BaseSettings):
     max_image_bytes: int = Field(20 * 1024 * 1024, ge=1, description="Largest accepted image upload.")
     max_image_pixels: int = Field(
         50_000_000, ge=1, description="Largest accepted image in pixels (decompression-bomb guard)."
+    )
+    max_request_pixels: int | None = Field(
+        None,
+        ge=1,
+        description="Pixels all images of one request may hold together, read from their headers before any is "
+        "decoded (413 above it); unset = 8 × CNCLIP_MAX_IMAGE_PIXELS.",
     )
 
     # --- model download (`cnclip models pull`) ------------------------------------------------
@@ -129,13 +148,47 @@ class RuntimeSettings(BaseSettings):
         default_factory=default_data_dir, description="Where the SQLite file, FAISS indexes and media live."
     )
 
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        """The environment read by `SafeEnvSource`: JSON values parsed as hostile text."""
+        return init_settings, SafeEnvSource(settings_cls), dotenv_settings, file_secret_settings
+
     @field_validator("model_dirs")
     @classmethod
     def _model_directories(cls, value: list[Path]) -> list[Path]:
+        # Read and checked in full (manifest, files, graph shapes; retrieval/manifest.py) by every command
+        # that loads them, before it starts: here only what needs no reading.
+        from retrieval.regular_file import UnusableFile, check_regular
+
         for directory in value:
-            if not (Path(directory) / "manifest.json").is_file():
-                raise ValueError(f"{directory} is not a model directory (no manifest.json)")
+            try:
+                check_regular(Path(directory) / "manifest.json")
+            except UnusableFile as exc:
+                raise ValueError(f"{directory} is not a model directory (its manifest.json {exc.reason})") from None
         return list(dict.fromkeys(Path(d) for d in value))
+
+    @field_validator("streams")
+    @classmethod
+    def _streams_fit_the_cores(cls, value: int) -> int:
+        refusal = inference_threads_refusal(value, 0)
+        if refusal is not None:
+            raise ValueError(refusal)
+        return value
+
+    @field_validator("threads_per_stream")
+    @classmethod
+    def _threads_fit_the_cores(cls, value: int, info: ValidationInfo) -> int:
+        refusal = inference_threads_refusal(info.data.get("streams", 1), value)
+        if refusal is not None:
+            raise ValueError(refusal)
+        return value
 
     @field_validator("text_lengths")
     @classmethod
@@ -143,6 +196,14 @@ class RuntimeSettings(BaseSettings):
         if any(n < 2 for n in value):
             raise ValueError("text lengths must be at least 2 tokens ([CLS] and [SEP])")
         return sorted(set(value))
+
+    @field_validator("data_dir")
+    @classmethod
+    def _data_dir_is_a_folder(cls, value: Path) -> Path:
+        # Made when missing; something else at that name (a file, a FIFO, /dev/null) is a bad setting.
+        if value.exists() and not value.is_dir():
+            raise ValueError(f"{value} is not a folder")
+        return value
 
     @field_validator("buckets")
     @classmethod

@@ -16,7 +16,6 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
 import numpy as np
@@ -25,6 +24,7 @@ from retrieval.backends import DeviceChoice, SessionConfig, cpu_thread_plan
 from retrieval.batcher import DynamicBatcher
 from retrieval.config import RuntimeSettings
 from retrieval.errors import EncoderUnavailable, InvalidImage, InvalidInput, ModelError
+from retrieval.fair_pool import FairPool, ItemFailed
 from retrieval.manifest import ModelManifest
 from retrieval.preprocess import preprocess_image
 from retrieval.query_cache import QueryCache, TokenKey, embed_with_cache
@@ -72,7 +72,7 @@ class LocalEncoder:
         self._session_factory = session_factory
         self._batchers: dict[str, DynamicBatcher] = {}
         self._pools: dict[str, StreamPool] = {}
-        self._preprocess_pool: ThreadPoolExecutor | None = None
+        self._preprocess_pool: FairPool | None = None
         self._tokenizer = default_tokenizer()
         self._vocab_size = len(self._tokenizer.vocab)
         self.query_cache: QueryCache[TokenKey] = QueryCache(settings.query_cache_size)
@@ -195,7 +195,8 @@ class LocalEncoder:
             self._batchers[tower] = batcher
         workers = max(1, sum(len(p) for p in cpu_thread_plan(self.settings.streams, self.settings.threads_per_stream)))
         placements = {plan.placement() + f" ({plan.device.reason})" for plan in self.plans.values()}
-        self._preprocess_pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="preprocess")
+        # Shared by requests in turns (retrieval/fair_pool.py): one request of many images cannot hold them all.
+        self._preprocess_pool = FairPool(workers, "preprocess")
         self._ready = True
         log.info(
             "encoder %s ready in %.1fs: provider %s; precision text=%s image=%s; buckets %s; "
@@ -219,7 +220,7 @@ class LocalEncoder:
         for pool in self._pools.values():
             await asyncio.to_thread(pool.close)
         if self._preprocess_pool is not None:
-            self._preprocess_pool.shutdown(wait=False, cancel_futures=True)
+            self._preprocess_pool.close()
         self._batchers, self._pools, self._preprocess_pool = {}, {}, None
 
     def queue_depth(self, tower: str) -> int:
@@ -287,18 +288,14 @@ class LocalEncoder:
             max_bytes=self.settings.max_image_bytes,
             max_pixels=self.settings.max_image_pixels,
         )
-        loop = asyncio.get_running_loop()
-        results = await asyncio.gather(
-            *(loop.run_in_executor(self._preprocess_pool, prep, data) for data in images), return_exceptions=True
-        )
-        for index, result in enumerate(results):
-            if isinstance(result, InvalidImage):
-                if len(images) > 1:
-                    raise type(result)(f"image {index}: {result.message}") from result
-                raise result
-            if isinstance(result, BaseException):
-                raise result
-        pixels = np.stack(results)  # type: ignore[arg-type]
+        try:
+            results = await self._preprocess_pool.map(prep, images)
+        except ItemFailed as failed:
+            error = failed.error
+            if isinstance(error, InvalidImage) and len(images) > 1:
+                raise type(error)(f"image {failed.index}: {error.message}") from error
+            raise error from None
+        pixels = np.stack(results)
         return await self._submit("image", pixels, time.perf_counter() - start)
 
     async def embed_token_ids(self, ids: np.ndarray) -> np.ndarray:

@@ -29,6 +29,14 @@ class InvalidImage(InvalidInput):
     code = "invalid_image"
 
 
+class ImageTooLarge(InvalidImage):
+    """An image whose header declares more pixels than the configured limit (`CNCLIP_MAX_IMAGE_PIXELS`, or
+    a side over 65,535): readable, but too large to decode. Its own code, so that a client (the web UI)
+    says "too large", not "cannot read"."""
+
+    code = "image_too_large"
+
+
 class PayloadTooLarge(InvalidImage):
     """More bytes than the configured limit."""
 

@@ -30,12 +30,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from retrieval.errors import ModelError
 from retrieval.json_text import loads
+from retrieval.regular_file import UnusableFile, open_regular, read_regular_text
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 2
@@ -44,6 +48,10 @@ READABLE_FORMATS = (1, 2)  # format 1: no text length buckets
 PRECISIONS = ("fp32", "fp16", "int8", "int8-qdq")
 CNCLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 CNCLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+MAX_MANIFEST_BYTES = 16 << 20
+# Bounds of the numbers a manifest may hold (beyond them no model runs, and a SQL INTEGER overflows).
+LIMITS = {"embed_dim": (1, 65_536), "image_size": (8, 8_192), "context_length": (2, 8_192), "bucket": (1, 65_536)}
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
 
 
 def same_model(recorded: str, model_id: str) -> bool:
@@ -54,12 +62,25 @@ def same_model(recorded: str, model_id: str) -> bool:
     return recorded == model_id or recorded == model_id.split("@", 1)[0]
 
 
+# sha256 of files this process hashed, by (device, inode, size, mtime, ctime) of the file read: a model
+# directory is checked in full before a server starts and loaded again by its encoder, hashed once.
+_HASHED: dict[tuple[int, ...], str] = {}
+
+
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
+    """The file's sha256, read only if it is a regular file (`UnusableFile` else)."""
+    with os.fdopen(open_regular(path), "rb") as f:
+        info = os.fstat(f.fileno())
+        key = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+        if key in _HASHED:
+            return _HASHED[key]
+        digest = hashlib.sha256()
         while block := f.read(chunk):
             digest.update(block)
-    return digest.hexdigest()
+    if len(_HASHED) >= 4096:
+        _HASHED.clear()
+    _HASHED[key] = digest.hexdigest()
+    return _HASHED[key]
 
 
 @dataclass(frozen=True)
@@ -184,16 +205,21 @@ class ModelManifest:
     @classmethod
     def load(cls, directory: Path, verify: bool = True) -> ModelManifest:
         """Read and check a model directory; every problem is reported with the file it concerns."""
+        from retrieval.model_files import check_model_files
+
         directory = Path(directory)
         path = directory / MANIFEST_NAME
-        if not path.is_file():
-            raise ModelError(f"no {MANIFEST_NAME} in model directory {directory}")
         try:
-            raw = loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise ModelError(f"{path} is not valid JSON: {exc}") from exc
+            raw = loads(read_regular_text(path, MAX_MANIFEST_BYTES, MANIFEST_NAME), unique_keys=True)
+        except UnusableFile as exc:
+            if exc.missing:
+                raise ModelError(f"no {MANIFEST_NAME} in model directory {directory}") from None
+            raise ModelError(exc.message) from None
+        except json.JSONDecodeError as exc:
+            raise ModelError(f"{path} is not valid JSON: {exc}") from None
         manifest = _parse(raw, path)
         manifest = ModelManifest(**{**manifest.__dict__, "directory": directory})
+        check_model_files(manifest)  # regular files of plausible size, graphs of the manifest's shapes
         if verify:
             manifest.verify()
         return manifest
@@ -207,9 +233,12 @@ class ModelManifest:
                     raise ModelError(f"{MANIFEST_NAME}: graph {name} ({tower_name}) has no sha256 in 'files'")
         for name, expected in self.files.items():
             file = self.directory / name
-            if not file.is_file():
-                raise ModelError(f"model file missing: {file} (listed in {MANIFEST_NAME})")
-            actual = sha256_file(file)
+            try:
+                actual = sha256_file(file)
+            except UnusableFile as exc:
+                if exc.missing:
+                    raise ModelError(f"model file missing: {file} (listed in {MANIFEST_NAME})") from None
+                raise ModelError(f"model file {exc.message}") from None
             if actual != expected:
                 raise ModelError(
                     f"model file corrupt: {file} has sha256 {actual[:12]}…, manifest says {expected[:12]}…"
@@ -225,67 +254,124 @@ def _require(raw: dict[str, Any], key: str, kind: type | tuple[type, ...], where
     return value
 
 
+def _bounded(raw: dict[str, Any], key: str, where: Path) -> int:
+    """An integer field within `LIMITS[key]`."""
+    value: int = _require(raw, key, int, where)
+    low, high = LIMITS[key]
+    if not low <= value <= high:
+        raise ModelError(f"{where}: field '{key}' must lie in [{low}, {high}], not {_short(value)}")
+    return value
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _text(raw: dict[str, Any], key: str, where: Path, default: str | None = None, limit: int = 200) -> str:
+    value = raw.get(key, default) if default is not None else _require(raw, key, str, where)
+    if not isinstance(value, str) or not value or len(value) > limit or not value.isprintable():
+        raise ModelError(f"{where}: field '{key}' must be printable text of 1 to {limit} characters")
+    return value
+
+
+def _file_name(name: Any, where: Path) -> str:
+    """A file of the model directory: a relative path inside it, no `..`, no control characters."""
+    if not isinstance(name, str) or not name or len(name) > 255 or not name.isprintable():
+        raise ModelError(f"{where}: file name {_short(name)} is not a file of the model directory")
+    parts = Path(name).parts
+    if Path(name).is_absolute() or ".." in parts or "\\" in name:
+        raise ModelError(f"{where}: file name {_short(name)} leaves the model directory")
+    return name
+
+
+def _triple(raw: dict[str, Any], key: str, default: tuple[float, float, float], where: Path) -> tuple[float, ...]:
+    value = raw.get(key, list(default))
+    good = isinstance(value, list) and len(value) == 3
+    good = good and all(isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) for x in value)
+    if not good or (key == "std" and min(value) <= 0) or max(abs(x) for x in value) > 1e6:
+        raise ModelError(f"{where}: '{key}' must be 3 finite numbers{' above 0' if key == 'std' else ''}")
+    return tuple(float(x) for x in value)
+
+
 def _parse(raw: Any, where: Path) -> ModelManifest:
     if not isinstance(raw, dict):
         raise ModelError(f"{where}: top level must be an object")
     fmt = raw.get("format")
-    if fmt not in READABLE_FORMATS:
+    if fmt not in READABLE_FORMATS or isinstance(fmt, bool):
         readable = " and ".join(map(str, READABLE_FORMATS))
-        raise ModelError(f"{where}: unsupported manifest format {fmt!r} (this version reads formats {readable})")
+        raise ModelError(f"{where}: unsupported manifest format {_short(fmt)} (this version reads formats {readable})")
+    context_length = _bounded(raw, "context_length", where)
     towers_raw = _require(raw, "towers", dict, where)
     towers: dict[str, TowerSpec] = {}
     for tower in ("image", "text"):
         if tower not in towers_raw:
             raise ModelError(f"{where}: missing tower '{tower}'")
         t = towers_raw[tower]
+        if not isinstance(t, dict):
+            raise ModelError(f"{where}: tower '{tower}' must be an object, not {type(t).__name__}")
         graphs_raw = _require(t, "graphs", dict, where)
         graphs = {
-            precision: _parse_buckets(buckets, f"tower '{tower}' precision '{precision}'", where)
+            _text({"p": precision}, "p", where, limit=32): _parse_buckets(
+                buckets, f"tower '{tower}' precision '{_short(precision)}'", where
+            )
             for precision, buckets in graphs_raw.items()
         }
         if not graphs:
             raise ModelError(f"{where}: tower '{tower}' has no graphs")
         towers[tower] = TowerSpec(
-            input_name=_require(t, "input", str, where),
-            output_name=_require(t, "output", str, where),
+            input_name=_text(t, "input", where),
+            output_name=_text(t, "output", where),
             graphs=graphs,
-            short_graphs=_parse_lengths(t.get("lengths", {}), tower, set(graphs), raw.get("context_length"), where),
+            short_graphs=_parse_lengths(t.get("lengths", {}), tower, set(graphs), context_length, where),
         )
-    mean = tuple(float(x) for x in raw.get("mean", CNCLIP_MEAN))
-    std = tuple(float(x) for x in raw.get("std", CNCLIP_STD))
-    if len(mean) != 3 or len(std) != 3:
-        raise ModelError(f"{where}: mean and std need 3 values each")
     files = raw.get("files", {})
-    if not isinstance(files, dict):
-        raise ModelError(f"{where}: 'files' must be an object of name -> sha256")
+    if not isinstance(files, dict) or not all(isinstance(v, str) and _SHA256.match(v) for v in files.values()):
+        raise ModelError(f"{where}: 'files' must be an object of file name -> sha256 (64 hex digits)")
+    extra = raw.get("extra", {}) or {}
+    if not isinstance(extra, dict):
+        raise ModelError(f"{where}: 'extra' must be an object")
+    logit_scale = float(_require(raw, "logit_scale", (int, float), where))
+    if not math.isfinite(logit_scale) or not 0 < logit_scale <= 1e4:
+        raise ModelError(f"{where}: field 'logit_scale' must be a finite number in (0, 10000]")
     return ModelManifest(
-        name=_require(raw, "name", str, where),
-        arch=_require(raw, "arch", str, where),
-        embed_dim=_require(raw, "embed_dim", int, where),
-        image_size=_require(raw, "image_size", int, where),
-        context_length=_require(raw, "context_length", int, where),
-        logit_scale=float(_require(raw, "logit_scale", (int, float), where)),
+        name=_text(raw, "name", where),
+        arch=_text(raw, "arch", where),
+        embed_dim=_bounded(raw, "embed_dim", where),
+        image_size=_bounded(raw, "image_size", where),
+        context_length=context_length,
+        logit_scale=logit_scale,
         towers=towers,
-        mean=mean,  # type: ignore[arg-type]
-        std=std,  # type: ignore[arg-type]
-        interpolation=str(raw.get("interpolation", "bicubic")),
-        files={str(k): str(v) for k, v in files.items()},
-        extra=raw.get("extra", {}) or {},
+        mean=_triple(raw, "mean", CNCLIP_MEAN, where),  # type: ignore[arg-type]
+        std=_triple(raw, "std", CNCLIP_STD, where),  # type: ignore[arg-type]
+        interpolation=_text(raw, "interpolation", where, default="bicubic", limit=32),
+        files={_file_name(k, where): v for k, v in files.items()},
+        extra=extra,
     )
 
 
+def _integer_key(key: Any, what: str, where: Path) -> int:
+    """A JSON object key that is a whole number within `LIMITS["bucket"]` (batch sizes, text lengths)."""
+    low, high = LIMITS["bucket"]
+    if (
+        not isinstance(key, str)
+        or len(key) > 6
+        or not key.isascii()
+        or not key.isdigit()
+        or not low <= int(key) <= high
+    ):
+        raise ModelError(f"{where}: {what}: {_short(key)} is not a whole number in [{low}, {high}]")
+    return int(key)
+
+
 def _parse_buckets(buckets: Any, what: str, where: Path) -> dict[int, str]:
-    try:
-        parsed = {int(b): str(f) for b, f in buckets.items()}
-    except (AttributeError, ValueError) as exc:
-        raise ModelError(f"{where}: {what}: bad buckets") from exc
-    if not parsed or min(parsed) < 1:
+    if not isinstance(buckets, dict) or not buckets:
         raise ModelError(f"{where}: {what} has no valid bucket")
-    return parsed
+    return {_integer_key(b, what, where): _file_name(f, where) for b, f in buckets.items()}
 
 
 def _parse_lengths(
-    raw: Any, tower: str, precisions: set[str], context_length: Any, where: Path
+    raw: Any, tower: str, precisions: set[str], context_length: int, where: Path
 ) -> dict[str, dict[int, dict[int, str]]]:
     """The "lengths" object of a tower (format 2): precision -> length -> batch -> file."""
     if not raw:
@@ -295,13 +381,10 @@ def _parse_lengths(
     parsed: dict[str, dict[int, dict[int, str]]] = {}
     for precision, by_length in raw.items():
         if precision not in precisions or not isinstance(by_length, dict):
-            raise ModelError(f"{where}: text 'lengths' names precision '{precision}', which has no graphs")
-        try:
-            lengths = {int(n): g for n, g in by_length.items()}
-        except ValueError as exc:
-            raise ModelError(f"{where}: text 'lengths' of '{precision}': lengths must be integers") from exc
-        for length, buckets in lengths.items():
-            if not isinstance(context_length, int) or not 2 <= length < context_length:
+            raise ModelError(f"{where}: text 'lengths' names precision {_short(precision)}, which has no graphs")
+        for key, buckets in by_length.items():
+            length = _integer_key(key, f"text 'lengths' of '{precision}': lengths must be integers", where)
+            if not 2 <= length < context_length:
                 raise ModelError(f"{where}: text length {length} must lie in [2, context_length)")
             what = f"text precision '{precision}' length {length}"
             parsed.setdefault(precision, {})[length] = _parse_buckets(buckets, what, where)

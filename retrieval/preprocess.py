@@ -18,14 +18,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pillow_heif
 from PIL import Image, ImageOps, UnidentifiedImageError
 
-from retrieval.errors import InvalidImage, PayloadTooLarge
+from retrieval import raw_photos
+from retrieval.errors import ImageTooLarge, InvalidImage, PayloadTooLarge
 from retrieval.manifest import CNCLIP_MEAN, CNCLIP_STD
+
+# HEIC/HEIF through pillow-heif, registered once here, the one decoder every image goes through; the
+# HEIF's own thumbnails, depth and auxiliary images are never read. Pillow reads AVIF itself.
+pillow_heif.register_heif_opener(thumbnails=False, depth_images=False, aux_images=False)
 
 # Raster formats users upload. Pillow can open many more (EPS runs Ghostscript, PDF/SVG are not
 # images), so anything else is refused before a decoder runs.
-ALLOWED_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
+# Phones' HEIC/HEIF and AVIF too; AVIF is tried before HEIF (both accept the `mif1` brand, and only
+# Pillow's AVIF decodes AV1). Camera RAWs are recognised before these (retrieval/raw_photos.py).
+ALLOWED_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF", "AVIF", "HEIF")
 DEFAULT_MAX_BYTES = 20 * 1024 * 1024
 DEFAULT_MAX_PIXELS = 50_000_000
 # Each side, whatever the pixel count. The cost of a decode and of the resize to the model's size grows
@@ -50,6 +58,7 @@ _DECODE_ERRORS = (
     ZeroDivisionError,
     Image.DecompressionBombError,
     NotImplementedError,
+    RuntimeError,  # libheif's and libavif's errors (a wrong brand, a missing image item)
 )
 
 
@@ -71,16 +80,16 @@ def _open(data: bytes, max_pixels: int) -> Image.Image:
             f"not a supported image (expected one of {', '.join(f.lower() for f in ALLOWED_FORMATS)})"
         ) from exc
     except Image.DecompressionBombError as exc:  # Pillow's own, much higher, guard
-        raise InvalidImage(f"the image declares too many pixels; the limit is {max_pixels:,} pixels") from exc
+        raise ImageTooLarge(f"the image declares too many pixels; the limit is {max_pixels:,} pixels") from exc
     except _DECODE_ERRORS as exc:
         raise InvalidImage(f"the image header is corrupt: {exc}") from exc
     width, height = image.size
     if width < 1 or height < 1:
         raise InvalidImage(f"the image has no pixels ({width}×{height})")
     if width * height > max_pixels:
-        raise InvalidImage(f"the image is {width}×{height} pixels; the limit is {max_pixels:,} pixels")
+        raise ImageTooLarge(f"the image is {width}×{height} pixels; the limit is {max_pixels:,} pixels")
     if max(width, height) > MAX_IMAGE_SIDE:
-        raise InvalidImage(f"the image is {width}×{height} pixels; each side may be at most {MAX_IMAGE_SIDE:,}")
+        raise ImageTooLarge(f"the image is {width}×{height} pixels; each side may be at most {MAX_IMAGE_SIDE:,}")
     return image
 
 
@@ -111,6 +120,14 @@ def read_header(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES, max_pixels: int
     `PayloadTooLarge`) for anything `preprocess_image` would refuse at the header stage; a truncated
     body is only noticed by `preprocess_image`."""
     _check_size(data, max_bytes)
+    kind = raw_photos.raw_kind(data)
+    if kind is not None:
+        try:
+            raw = raw_photos.read_raw(data, kind, max_pixels, MAX_IMAGE_SIDE)
+            return ImageHeader(raw.mime, raw.width, raw.height, raw.date_original, raw.offset_original)
+        except raw_photos.RawUnreadable:
+            if kind not in raw_photos.GUESSED_KINDS:
+                raise  # a TIFF guessed to be a RAW that LibRaw cannot open is read as the TIFF it is
     image = _open(data, max_pixels)
     exif = _exif(image, data)
     width, height = image.size
@@ -190,15 +207,35 @@ def decode_image(
     """Decode the first frame, apply EXIF orientation and bring 16-bit images to 8 bits.
 
     `draft` (px): JPEGs may be decoded at a reduced scale no smaller than draft × draft — for
-    thumbnails, never for the model (it would change the embeddings)."""
+    thumbnails, never for the model (it would change the embeddings). A camera RAW gives its embedded
+    preview or a half-size demosaic (retrieval/raw_photos.py), a multi-image HEIC its primary image."""
     _check_size(data, max_bytes)
-    image = _open(data, max_pixels)
+    kind = raw_photos.raw_kind(data)
+    if kind is not None:
+        try:
+            pixels = raw_photos.decode_raw(data, max_pixels, MAX_IMAGE_SIDE)
+        except raw_photos.RawUnreadable:
+            if kind not in raw_photos.GUESSED_KINDS:
+                raise
+        else:
+            if isinstance(pixels.pixels, Image.Image):
+                return pixels.pixels
+            # The preview is a JPEG like any other (same limits); LibRaw's flip, if any, is the orientation.
+            preview = _decode_opened(_open(pixels.pixels, max_pixels), draft, transpose=pixels.flip == 0)
+            return raw_photos.flipped(preview, pixels.flip)
+    return _decode_opened(_open(data, max_pixels), draft)
+
+
+def _decode_opened(image: Image.Image, draft: int | None, transpose: bool = True) -> Image.Image:
+    """`decode_image` after `_open`: the frame's pixels, EXIF-oriented, at most 8 bits."""
     try:
-        image.seek(0)
+        if image.format != "HEIF":  # pillow-heif opens a HEIF at its primary image, not at image 0
+            image.seek(0)
         if draft is not None:
             image.draft(image.mode, (draft, draft))  # the same mode: only the scale changes
         image.load()
-        image = ImageOps.exif_transpose(image) or image
+        if transpose:
+            image = ImageOps.exif_transpose(image) or image
     except _DECODE_ERRORS as exc:
         raise InvalidImage(f"the image data is corrupt or truncated: {exc}") from exc
     return _to_8_bit(image)

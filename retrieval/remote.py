@@ -44,6 +44,7 @@ from retrieval.types import EncoderObserver
 log = logging.getLogger("cnclip.remote")
 
 MAX_ITEMS_PER_REQUEST = 64  # larger batches are split and sent concurrently
+HEALTH_TIMEOUT_S = 2.0  # `/readyz`'s question to the server: a healthy one answers in milliseconds
 # aiohttp offers gzip/deflate by default, and Triton (and our /v2) then compress every response: CPU on
 # both ends for float vectors that hardly compress.
 _NO_COMPRESSION = {"Accept-Encoding": "identity"}
@@ -102,6 +103,7 @@ class TritonEncoder:
         self.text_lengths: list[int] = [self.context_length]
         self.query_cache: QueryCache[TokenKey] = QueryCache(settings.query_cache_size)
         self._ready = False
+        self._health_client: triton_aio.InferenceServerClient | None = None  # `check_health`'s own connection
 
     @property
     def ready(self) -> bool:
@@ -135,6 +137,30 @@ class TritonEncoder:
             self.text_lengths,
         )
 
+    async def check_health(self) -> None:
+        """Whether the server can embed now (for `/readyz`): its `/v2/health/ready` answers 200 within
+        HEALTH_TIMEOUT_S (one request, no retries); else `EncoderUnavailable` saying why. (Triton is
+        ready once every model of its repository is; `cnclip worker` once its encoder is warm.) Its own
+        connection: inference holding every pooled one under load must not make a busy server "down"."""
+        self._require_client()
+        if self._health_client is None:
+            self._health_client = triton_aio.InferenceServerClient(self.address, conn_limit=1, conn_timeout=None)
+        client = self._health_client
+        limit = min(HEALTH_TIMEOUT_S, self.timeout_s)
+        try:
+            async with asyncio.timeout(limit):
+                ready = await client.is_server_ready(headers=_NO_COMPRESSION)
+        except TimeoutError:
+            raise EncoderUnavailable(
+                f"Triton server at {self.address} did not answer its readiness check within {limit:g} s"
+            ) from None
+        except (aiohttp.ClientError, OSError, InferenceServerException) as exc:
+            raise EncoderUnavailable(
+                f"cannot reach Triton server at {self.address} ({type(exc).__name__}: {exc})"
+            ) from None
+        if not ready:
+            raise EncoderUnavailable(f"Triton server at {self.address} is not ready (/v2/health/ready)")
+
     def _manifest_text_lengths(self) -> list[int]:
         """The shorter text lengths the model has at any precision: what the server may offer."""
         spec = self.manifest.towers["text"]
@@ -142,6 +168,9 @@ class TritonEncoder:
 
     async def close(self) -> None:
         self._ready = False
+        if self._health_client is not None:
+            health, self._health_client = self._health_client, None
+            await health.close()
         if self._client is not None:
             client, self._client = self._client, None
             await client.close()

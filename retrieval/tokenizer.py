@@ -11,6 +11,7 @@ exact because both are pure functions of a character or a word respectively.
 from __future__ import annotations
 
 import functools
+import io
 import threading
 import unicodedata
 from collections.abc import Sequence
@@ -18,7 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
+from retrieval.regular_file import read_regular_text
+
 VOCAB_PATH = Path(__file__).resolve().parent / "vocab.txt"
+MAX_VOCAB_BYTES = 64 << 20  # BERT vocabularies take ~0.1-2 MB
 CONTEXT_LENGTH = 52
 MAX_CHARS_PER_WORD = 200  # cn_clip's WordpieceTokenizer.max_input_chars_per_word
 _CACHE_LIMIT = 200_000  # memoised words/characters before the caches are cleared
@@ -58,9 +62,9 @@ def _is_cjk(cp: int) -> bool:
 def load_vocab(path: Path = VOCAB_PATH) -> dict[str, int]:
     """Read a BERT vocabulary exactly as cn_clip does (stripped lines; a repeated token keeps its last id)."""
     vocab: dict[str, int] = {}
-    with Path(path).open(encoding="utf-8") as f:
-        for index, line in enumerate(f):
-            vocab[line.strip()] = index
+    text = read_regular_text(path, MAX_VOCAB_BYTES, "vocabulary")  # a regular file only (retrieval/regular_file.py)
+    for index, line in enumerate(io.StringIO(text, newline=None)):  # the lines text-mode open() gives
+        vocab[line.strip()] = index
     return vocab
 
 

@@ -8,9 +8,11 @@ only when it was made for this model (its `model_id`) on a machine with the same
 otherwise it logs one line suggesting `cnclip tune` and runs the safe defaults (today's: ONNX
 Runtime, int8 on CPU where the model has it, one shared weight copy per tower).
 
-The file is read as hostile input: at most `MAX_BYTES`, parsed against a strict schema (unknown
-fields, unknown backends or precisions, odd shape keys and out-of-range numbers are refused), and
-refused with one line naming the problem — never a crash, never half used.
+The file is read as hostile input: a regular file (a FIFO or a device is refused unopened or
+unblocked, retrieval/regular_file.py) of at most `MAX_BYTES`, parsed against a strict schema (unknown
+fields, repeated keys, unknown backends or precisions, odd shape keys, out-of-range numbers, and more
+streams or threads than the cores this process may run on, retrieval/machine_limits.py, are refused),
+and refused with one line naming the problem — never a crash, never half used.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from retrieval.backends.base import RUN_PRECISIONS
 from retrieval.errors import InvalidInput
 from retrieval.json_text import loads
+from retrieval.machine_limits import inference_threads_refusal
+from retrieval.regular_file import UnusableFile, read_regular
 
 log = logging.getLogger(__name__)
 
@@ -187,27 +191,30 @@ def read_tuning(path: Path, model_id: str, model_dir: Path, current: dict[str, A
     """Read and check a tuning file for this model and machine; every refusal is one line."""
     defaults = "each tower runs the defaults of CNCLIP_BACKEND (auto: ONNX Runtime, int8 where the model has it, one shared weight copy)"
     try:
-        with path.open("rb") as handle:
-            raw = handle.read(MAX_BYTES + 1)
-    except FileNotFoundError:
-        return TuningOutcome(None, f"no tuning file at {path}: {defaults}; {_suggest(model_dir)}", path, logging.INFO)
-    except OSError as exc:
-        return TuningOutcome(None, f"tuning file {path} unreadable ({exc.strerror}): {defaults}", path)
+        raw = read_regular(path, MAX_BYTES)  # never a FIFO or a device: a hang or an endless read
+    except UnusableFile as exc:
+        if exc.missing:
+            line = f"no tuning file at {path}: {defaults}; {_suggest(model_dir)}"
+            return TuningOutcome(None, line, path, logging.INFO)
+        why = exc.reason.removeprefix("is ")
+        return TuningOutcome(None, f"tuning file {path} refused ({why}): {defaults}; {_suggest(model_dir)}", path)
+    here = current or machine_fingerprint()
     try:
-        if len(raw) > MAX_BYTES:
-            raise ValueError(f"larger than {MAX_BYTES >> 20} MiB")
-        tuning = TuningFile.model_validate(loads(raw.decode("utf-8")))
+        tuning = TuningFile.model_validate(loads(raw.decode("utf-8"), unique_keys=True))
         if set(tuning.towers) != {"image", "text"}:
             raise ValueError("it must choose for both towers, image and text")
-        for choice in tuning.towers.values():
+        for tower, choice in tuning.towers.items():
             choice.prepacked()  # shape keys are checked here
+            refusal = inference_threads_refusal(choice.streams, choice.threads_per_stream, here["cores"])
+            if refusal is not None:
+                raise ValueError(f"towers.{tower}: {refusal}")
     except (ValueError, UnicodeDecodeError, ValidationError) as exc:
         reason = _first_error(exc)
         return TuningOutcome(None, f"tuning file {path} refused ({reason}): {defaults}; {_suggest(model_dir)}", path)
     if tuning.model_id != model_id:
         why = f"it was made for model {tuning.model_id}, this is {model_id}"
         return TuningOutcome(None, f"tuning file {path} not used: {why}; {defaults}; {_suggest(model_dir)}", path)
-    difference = fingerprint_difference(tuning.fingerprint, current or machine_fingerprint())
+    difference = fingerprint_difference(tuning.fingerprint, here)
     if difference is not None:
         why = f"it was made on another machine ({difference})"
         return TuningOutcome(None, f"tuning file {path} not used: {why}; {defaults}; {_suggest(model_dir)}", path)

@@ -43,6 +43,14 @@ class Encoder(Protocol):
 
 
 @runtime_checkable
+class HealthChecked(Protocol):
+    """An encoder that can stop answering after its start (a remote one): `/readyz` asks it, bounded in time."""
+
+    async def check_health(self) -> None:
+        """Return when it can embed now; raise `EncoderUnavailable` (saying why) when it cannot."""
+
+
+@runtime_checkable
 class EncoderObserver(Protocol):
     """Receives per-batch facts from an encoder's batcher (the API turns them into Prometheus metrics).
 

@@ -133,6 +133,7 @@ CODES = [
     ("unauthorized", 401, "API 密钥"),
     ("overloaded", 429, "服务繁忙"),
     ("payload_too_large", 413, "图片太大"),
+    ("image_too_large", 422, "图片太大"),
     ("invalid_input", 422, "输入不符合要求"),
     ("encoder_unavailable", 503, "模型正在加载"),
     ("database_unavailable", 503, "数据库暂时不可用"),
@@ -161,6 +162,19 @@ def test_api_errors_read_in_chinese_with_the_api_message_as_detail(page: Page, w
     page.click("#search-button")
     expect(error.locator(".error-text")).to_have_text("无法连接服务器，请检查网络或服务是否在运行。")
     expect(error.locator(".error-detail")).to_be_hidden()
+
+
+def test_an_image_with_too_many_pixels_reads_too_large_with_the_limit(page: Page, width: int, log: PageLog) -> None:
+    """An 81 Mpx upload read "无法识别" (cannot recognise): the API's `image_too_large` reads 图片太大 and the limit."""
+    log.allow_status.add(422)
+    message = "the image is 9000×9000 pixels; the limit is 80,000,000 pixels"
+    page.route("**/v1/search/text", fake_error("image_too_large", message, 422))
+    page.fill("#query", "猫")
+    page.click("#search-button")
+    text = page.locator("#panel-text .error .error-text")
+    expect(text).to_contain_text("图片太大")
+    expect(text).to_contain_text("上限 80,000,000 像素")
+    assert "无法识别" not in text.inner_text()
 
 
 def test_a_bad_label_set_name_is_explained_in_chinese(page: Page, width: int, log: PageLog) -> None:

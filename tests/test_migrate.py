@@ -263,7 +263,7 @@ def test_cnclip_migrate_end_to_end_and_hostile_input(tmp_path: Path, toy_model_d
     assert invoke(["migrate", "-c", "photos"], env).exit_code == 2  # no action
     assert invoke(["migrate", "-c", "photos", "--swap", "--rollback"], env).exit_code == 2
     not_a_model = invoke(["migrate", "-c", "photos", "--model", str(tmp_path / "photos")], env)
-    assert not_a_model.exit_code == 1 and "no manifest.json" in not_a_model.output
+    assert not_a_model.exit_code == 2 and "no manifest.json" in not_a_model.output  # a usage error
     assert len(not_a_model.output.strip().splitlines()) == 1
     early = invoke(["migrate", "-c", "photos", "--swap"], env)
     assert early.exit_code == 1 and "no migration in progress" in early.output

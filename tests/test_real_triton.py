@@ -298,7 +298,11 @@ def _calls() -> list[Call]:
             content=zlib.compress(text_json),
             headers={"Content-Encoding": "deflate"},
         ),
-        Call("POST", "/v2/models/cnclip_text/infer", content=text_json, headers={"Content-Encoding": "br"}),
+        # Triton answers 501 to a coding it lacks and 503 to load/unload without model control; a refusal
+        # for good of the client's request is a 4xx here (415, 403), so no hostile request earns a 5xx.
+        Call(
+            "POST", "/v2/models/cnclip_text/infer", content=text_json, headers={"Content-Encoding": "br"}, our_status=415
+        ),
         Call("POST", "/v2/models/cnclip_text/infer", json=text_body(), headers={"Accept-Encoding": "gzip"}),
         Call("POST", "/v2/models/cnclip_text/infer", json=text_body(), headers={"Accept-Encoding": "deflate"}),
         Call("POST", "/v2/models/nope/infer", json=text_body()),
@@ -337,8 +341,8 @@ def _calls() -> list[Call]:
         Call("POST", "/v2/repository/index", json={}),
         Call("POST", "/v2/repository/index", json={"ready": True}),
         Call("POST", "/v2/repository/index"),
-        Call("POST", "/v2/repository/models/cnclip_text/load"),
-        Call("POST", "/v2/repository/models/cnclip_text/unload"),
+        Call("POST", "/v2/repository/models/cnclip_text/load", our_status=403),
+        Call("POST", "/v2/repository/models/cnclip_text/unload", our_status=403),
         # routes and methods that do not exist
         Call("GET", "/v2/repository/index"),
         Call("GET", "/v2/nothing"),

@@ -224,15 +224,25 @@ def wait_for_line(log: Path, text: str, process: subprocess.Popen[bytes], timeou
     raise AssertionError(f"no {text!r} in the output:\n{log.read_text(errors='replace')[-3000:]}")
 
 
+def inherit_site_packages(venv: Path) -> None:
+    """Give a fresh venv the packages of the interpreter running the suite, whether that is a bare
+    Python or itself a venv: a `.pth` file that adds each of its site directories (their own `.pth`
+    files included, as the editable install's). `--system-site-packages` would not do: from a venv,
+    it reaches the *base* interpreter's packages (on a fresh machine, Debian's Python: no typer)."""
+    site_dirs = [p for p in sys.path if Path(p).name in ("site-packages", "dist-packages") and Path(p).is_dir()]
+    (target,) = (venv / "lib").glob("python3*/site-packages")
+    lines = [f"import site; site.addsitedir({d!r})\n" for d in site_dirs]
+    (target / "zz-suite-interpreter.pth").write_text("".join(lines), encoding="utf-8")
+
+
 @needs_wheel
 def test_a_venv_python_by_full_path_serves_with_the_venvs_packages(probe_repo: Path, tmp_path: Path) -> None:
     """As a service manager starts it: the venv's python by full path, PATH without any venv or this
     interpreter (its `python3`, when there is one, has no numpy), no VIRTUAL_ENV. The stub's Python
     must be the venv's (its prefix), and every exported model must serve."""
     venv = tmp_path / "venv"
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True, timeout=120
-    )
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    inherit_site_packages(venv)
     tmpdir = tmp_path / "tmp"
     tmpdir.mkdir()
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "TMPDIR": str(tmpdir), "LANG": "C.UTF-8"}

@@ -47,6 +47,7 @@ const ERROR_TEXT = {
   forbidden: "没有权限执行此操作。",
   overloaded: "服务繁忙，请稍后重试。",
   payload_too_large: "图片太大，超过了服务器允许的大小。",
+  image_too_large: (err) => `图片太大：像素数超过了服务器允许的上限${pixelLimit(err.message)}，请缩小后再试。`,
   invalid_image: "无法识别这张图片，请换一张 JPEG、PNG、WebP、GIF、BMP 或 TIFF 图片。",
   not_an_image: "选择的文件不是图片。",
   invalid_input: "输入不符合要求，请检查后重试。",
@@ -63,7 +64,17 @@ const ERROR_TEXT = {
 const FALLBACK_ERROR_TEXT = "请求失败，请稍后重试。";
 
 function errorText(err, overrides = {}) {
-  return overrides[err.code] || ERROR_TEXT[err.code] || FALLBACK_ERROR_TEXT;
+  const text = overrides[err.code] || ERROR_TEXT[err.code] || FALLBACK_ERROR_TEXT;
+  return typeof text === "function" ? text(err) : text;
+}
+
+// "（上限 80,000,000 像素）" from the API's "…; the limit is 80,000,000 pixels" (or "each side may be at
+// most 65,535"), or nothing when the message does not say.
+function pixelLimit(message) {
+  const area = /limit is ([\d,]+) pixels/.exec(message || "");
+  if (area) return `（上限 ${area[1]} 像素）`;
+  const side = /each side may be at most ([\d,]+)/.exec(message || "");
+  return side ? `（每边最多 ${side[1]} 像素）` : "";
 }
 
 // ---------------------------------------------------------------- views

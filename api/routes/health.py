@@ -8,7 +8,6 @@ from api.deps import MetricsDep, ReadAccess, run_blocking
 from api.guarded_route import GuardedRoute
 from api.metrics import CONTENT_TYPE_LATEST
 from api.schemas import Health
-from indexer.errors import DatabaseUnavailable
 from retrieval.errors import EncoderUnavailable
 
 router = APIRouter(tags=["health"], route_class=GuardedRoute)
@@ -22,15 +21,16 @@ async def healthz() -> Health:
 
 @router.get("/readyz", response_model=Health)
 async def readyz(request: Request) -> Health:
-    """Encoders warm, catalog open and its database answering (503 with Retry-After otherwise; the
-    database is asked at most every `CNCLIP_READINESS_INTERVAL_S`)."""
+    """Encoders warm, catalog open, its database and a remote encoder answering (503 with Retry-After
+    otherwise; each is asked at most every `CNCLIP_READINESS_INTERVAL_S`, api/readiness.py)."""
     state = request.app.state
     if state.service is None:
         raise EncoderUnavailable("the catalog is not open yet")
     if state.encoder is None or not state.encoder.ready:
         raise EncoderUnavailable("the encoder is still warming up")
-    if not await state.database_probe.up():
-        raise DatabaseUnavailable("the database does not answer")
+    problem = await state.readiness.problem()
+    if problem is not None:
+        raise problem
     return Health(status="ready")
 
 

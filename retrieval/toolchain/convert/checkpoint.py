@@ -107,6 +107,8 @@ def model_from_options(
     from retrieval.toolchain.convert import ARCH_NAMES
     from retrieval.toolchain.convert.model import architecture_config
 
+    if arch and not config_path and arch not in ARCH_NAMES:  # before the checkpoint: the option that is wrong
+        raise InvalidInput(f"unknown architecture {arch!r} (--arch); choose one of {', '.join(ARCH_NAMES)}")
     if (checkpoint is None) == (not random_init):
         raise InvalidInput("give exactly one of --checkpoint FILE.pt or --random-init (or --from-cnclip-onnx PREFIX)")
     if arch and config_path:
