@@ -117,6 +117,12 @@ class ServiceMetrics:
         self.collection_vectors = Gauge(
             "cnclip_collection_vectors", "Vectors in each collection's index.", ["collection", "kind"], registry=r
         )
+        self.collection_degraded = Gauge(
+            "cnclip_collection_degraded",
+            "1 while a collection's vector store fails (its searches answer 503), else 0.",
+            ["collection", "kind"],
+            registry=r,
+        )
 
     # --- EncoderObserver ------------------------------------------------------------------
     def batch_done(self, tower: str, bucket: int, items: int, timings: Mapping[str, float]) -> None:
@@ -143,9 +149,11 @@ class ServiceMetrics:
         if service is not None:
             self.collection_items.clear()
             self.collection_vectors.clear()
+            self.collection_degraded.clear()
             for c, _default in service.list_all():
                 self.collection_items.labels(c.name, c.kind).set(c.items)
                 self.collection_vectors.labels(c.name, c.kind).set(c.vectors)
+                self.collection_degraded.labels(c.name, c.kind).set(1 if c.degraded else 0)
 
     def render(self) -> bytes:
         return generate_latest(_WithoutCreated(self.registry))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -25,14 +26,16 @@ from sqlalchemy import Engine
 
 from indexer.catalog_duplicates import CatalogDuplicates
 from indexer.catalog_generations import CatalogGenerations
-from indexer.errors import GenerationMoved
+from indexer.errors import GenerationMoved, VectorStoreBusy, VectorStoreError
 from indexer.index_spec import parse_index
 from indexer.media import media_root
 from indexer.media_check import check_media, read_media
 from indexer.media_sweep import SweepResult, sweep_media
+from indexer.move_rows import CatalogMoves
 from indexer.names import check_collection_name
-from indexer.rows import ItemRows
+from indexer.rows import ItemRows, uploads_in_use_on
 from indexer.sql_values import naive_utc, text_sha
+from indexer.store_health import is_collection_failure
 from indexer.store_pool import StorePool, store_spec
 from indexer.sync import Progress, StoreSync
 from indexer.taken import set_taken, sort_keys
@@ -68,7 +71,7 @@ def unit_vectors(vectors: np.ndarray, count: int, dim: int) -> np.ndarray:
     return np.ascontiguousarray(array / norms, dtype=np.float32)
 
 
-class SqlCatalog(CatalogDuplicates, CatalogGenerations):
+class SqlCatalog(CatalogDuplicates, CatalogGenerations, CatalogMoves):
     """`indexer.types.Catalog` over SQLAlchemy (SQLite or PostgreSQL) and a `VectorEngine`. It stores
     what it is given: the rules (which model, which kind, what a user's deletion means) are the
     collection service's (indexer/service.py), the one caller besides tests."""
@@ -82,6 +85,8 @@ class SqlCatalog(CatalogDuplicates, CatalogGenerations):
         self.stores = StorePool(self.rows, vectors, sync_interval_s)
         self._written: set[int] = set()  # collections this process wrote (flushed on close)
         self._closed = False
+        self._older: dict[str, StoreSync] = {}  # previous generations' stores (indexer/catalog_generations.py)
+        self._older_lock = threading.Lock()
 
     # --- collections (SQL) ---------------------------------------------------------------------
     def create_collection(
@@ -138,7 +143,11 @@ class SqlCatalog(CatalogDuplicates, CatalogGenerations):
     def _info(self, state: CollectionState, items: int) -> CollectionInfo:
         """The collection with its counts: vectors as the store this process holds says (when it
         holds one), else the SQL count (what the store holds once caught up)."""
+        held = self.stores.held(state.id)
+        if held is not None and held.seen != state.version and held.state.vector_key == state.vector_key:
+            self.stores.after_write(state.id, state.version)  # others' commits: count what SQL holds now
         sync = self.stores.held(state.id)
+        degraded = self.stores.health.get(state.id) if sync is None else None
         return CollectionInfo(
             id=state.id,
             name=state.name,
@@ -147,8 +156,9 @@ class SqlCatalog(CatalogDuplicates, CatalogGenerations):
             dim=state.dim,
             index=state.index,
             items=items,
-            vectors=sync.store.count() if sync is not None else items,
+            vectors=sync.store.count() if sync is not None else 0 if degraded is not None else items,
             created_at=state.created_at,
+            degraded=degraded.summary if degraded is not None else None,
         )
 
     # --- writes ----------------------------------------------------------------------------------
@@ -228,8 +238,21 @@ class SqlCatalog(CatalogDuplicates, CatalogGenerations):
         return sum(removed.values())
 
     def _after_write(self, collection_id: int, version: int | None) -> None:
+        """After a commit: this process's store catches up. Never raises (the write stands and its
+        answer says so): a failure is logged and the next search checks SQL's version again."""
         self._written.add(collection_id)
-        self.stores.after_write(collection_id, version)
+        try:
+            self.stores.after_write(collection_id, version)
+        except Exception as exc:
+            log.warning(
+                "collection %d: the write committed, but this process's vector store did not catch up (%s); "
+                "the next search does",
+                collection_id,
+                " ".join(str(exc).split()) or type(exc).__name__,
+            )
+            held = self.stores.held(collection_id)
+            if held is not None:
+                held.checked = 0.0  # the next search asks SQL for the version and catches up
 
     # --- reads -------------------------------------------------------------------------------------
     def get(self, item_id: int) -> ItemRecord:
@@ -294,9 +317,15 @@ class SqlCatalog(CatalogDuplicates, CatalogGenerations):
             raise InvalidInput("k must be at least 1")
         sync = self.stores.store(collection, vector_key)
         if vector_key is not None and sync.state.vector_key != vector_key:
-            raise GenerationMoved(f"collection {collection!r} swapped its model generation during this search")
+            # The previous generation, answering while this process loads the new model; else GenerationMoved.
+            sync = self.older_generation(sync.state, vector_key, sync.seen)
         query = unit_vectors(np.asarray(vector, dtype=np.float32).reshape(1, -1), 1, sync.state.dim)[0]
-        ids, scores = sync.store.search(query, k, filters)
+        try:
+            ids, scores = sync.store.search(query, k, filters)
+        except Exception as exc:  # one collection's engine failing degrades that collection only
+            if not is_collection_failure(exc):
+                raise
+            raise self.stores.failed(sync, "search", exc) from exc
         return [Hit(int(i), float(s)) for i, s in zip(ids, scores, strict=True)]
 
     def store(self, collection: str) -> StoreSync:
@@ -313,9 +342,15 @@ class SqlCatalog(CatalogDuplicates, CatalogGenerations):
         return self.stores.rebuild(self.rows.collection(name), on_progress)
 
     def reconcile_all(self) -> None:
-        """Open every collection's store and make it agree with SQL (one log line per repair)."""
+        """Open every collection's store and make it agree with SQL (one log line per repair). One
+        that cannot be opened is degraded (logged; it answers 503), never a reason not to start."""
         for state in self.rows.collections():
-            self.stores.open(state)
+            try:
+                self.stores.open(state)
+            except VectorStoreBusy:
+                raise
+            except VectorStoreError:
+                continue
 
     def flush(self, names: Sequence[str] = ()) -> None:
         """Bring the stores of collections this process wrote (and of `names`) up to date and save
@@ -331,7 +366,9 @@ class SqlCatalog(CatalogDuplicates, CatalogGenerations):
 
     def sweep_media(self) -> SweepResult:
         """Remove upload copies no row names and stale temp files (see indexer/media_sweep.py)."""
-        return sweep_media(self.media_dir, self.rows.uploads_in_use)
+        # Its connection first, the media lock then (indexer/lock_order.py): never the pool under the lock.
+        with self.engine.connect() as connection:
+            return sweep_media(self.media_dir, lambda shas: uploads_in_use_on(connection, shas))
 
     def close(self) -> None:
         """Save the stores and release the database."""

@@ -5,14 +5,18 @@ next model, the atomic swap, rollback and dropping, and each generation's own ve
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
-from indexer.errors import VectorStoreError
+from indexer.errors import CollectionUnavailable, GenerationMoved, VectorStoreError
 from indexer.generations import PREVIOUS, SHADOW, Generation, GenerationRows, MigrationStatus
 from indexer.index_spec import parse_index
+from indexer.model_sources import model_source, previous_generation, record_model_source
 from indexer.rows import ItemRows
+from indexer.store_health import is_collection_failure
 from indexer.store_pool import StorePool
 from indexer.sync import StoreSync
 from indexer.types import CollectionState
@@ -52,6 +56,80 @@ class CatalogGenerations:
     rows: ItemRows
     stores: StorePool
     vectors: VectorEngine
+    # vector_key -> the store of a collection's previous generation, searched while this process
+    # loads the model the collection swapped to (indexer/model_loader.py); released once it has it.
+    _older: dict[str, StoreSync]
+    _older_lock: threading.Lock
+
+    def record_model_source(self, model: str, directory: str) -> None:
+        """Remember the directory `model` is loaded from (`cnclip migrate --model DIR`)."""
+        record_model_source(self.rows.engine, model, directory)
+
+    def model_source(self, model: str) -> str | None:
+        return model_source(self.rows.engine, model)
+
+    def vectors_for(self, collection: str, ids: Sequence[int], vector_key: str) -> np.ndarray:
+        """Stored vectors of `ids` (in that order; a zero row for an id without one) of the collection's
+        generation `vector_key`: the active one, or the previous one that answers while this process loads
+        the model of a swap. `GenerationMoved` when it is neither, or a swap falls between the reads
+        (a query that excludes re-scores its candidates with them: indexer/exclusion.py)."""
+        state = self.rows.collection(collection)
+        if state.vector_key == vector_key:
+            vectors = self.rows.vectors(ids)
+        else:
+            previous = self.previous_generation(state)
+            if previous is None or previous.vector_key != vector_key:
+                raise GenerationMoved(f"collection {collection!r} no longer holds that model generation")
+            vectors = self.generation_vectors(previous, ids)
+        if self.rows.collection(collection).vector_key != state.vector_key:
+            raise GenerationMoved(f"collection {collection!r} swapped its model generation; search again")
+        return vectors
+
+    def previous_generation(self, state: CollectionState) -> Generation | None:
+        """The collection's previous generation (one cheap read: its `vectors` is not counted)."""
+        return previous_generation(self.rows.engine, state.id)
+
+    def older_generation(self, state: CollectionState, vector_key: str, version: int) -> StoreSync:
+        """The store of the collection's previous generation, if `vector_key` names it (opened from SQL
+        on first use, caught up with the collection's version after); `GenerationMoved` otherwise (it
+        was dropped or swapped back meanwhile)."""
+        previous = self.previous_generation(state)
+        if previous is None or previous.vector_key != vector_key:
+            raise GenerationMoved(f"collection {state.name!r} no longer holds that model generation")
+        with self._older_lock:
+            sync = self._older.get(vector_key)
+            if sync is None:
+                rows = _GenerationItemRows(self.rows, self.generations, previous)
+                older = replace(state, model=previous.model, dim=previous.dim, vector_key=previous.vector_key,
+                                generation=previous.number)  # fmt: skip
+                try:
+                    store = self.vectors.open(
+                        generation_spec(state, previous), rows.vectors, lambda f: self.rows.filter_ids(state.id, f)
+                    )
+                    sync = StoreSync(rows, store, older)
+                    with sync.lock:
+                        sync.reconcile()
+                except Exception as exc:
+                    if not is_collection_failure(exc):
+                        raise
+                    log.error("collection %s: its previous generation's store failed to open: %r", state.name, exc)
+                    raise CollectionUnavailable(
+                        f"collection {state.name!r} is between two models and its previous one cannot be searched; "
+                        "retry in a moment"
+                    ) from exc
+                self._older[vector_key] = sync
+        if version > sync.seen and sync.lock.acquire(blocking=False):
+            try:
+                sync.catch_up(version)
+            finally:
+                sync.lock.release()
+        return sync
+
+    def release_older_generations(self) -> None:
+        """Forget the previous generations' stores (this process now holds every model it answers);
+        their files are not saved again, so a generation dropped meanwhile leaves nothing behind."""
+        with self._older_lock:
+            self._older.clear()
 
     @property
     def generations(self) -> GenerationRows:

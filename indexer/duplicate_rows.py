@@ -20,8 +20,9 @@ from sqlalchemy import Engine, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from indexer.copy_rows import forget_copy_paths
+from indexer.deletion_rows import bump_version
+from indexer.lock_order import writer_slot
 from indexer.models import ItemCopyRow, ItemRow, utcnow
-from indexer.rows import bump_version
 from indexer.sql_values import chunks
 
 
@@ -96,7 +97,7 @@ def copies_by_item(engine: Engine, collection_id: int) -> dict[int, list[FileCop
 def set_phashes(engine: Engine, collection_id: int, updates: Sequence[tuple[int, int]]) -> int:
     """Record (item id, perceptual hash) for items indexed before hashes existed; returns the version
     written (the rows are stamped with it, so a cached duplicates answer knows it is stale)."""
-    with Session(engine) as session:
+    with writer_slot(engine), Session(engine) as session:
         version = bump_version(session, collection_id)
         for item_id, phash in updates:
             session.execute(

@@ -103,6 +103,8 @@ class FaissStore:
             return
         started = time.perf_counter()
         fresh = self.index.build(np.sort(self.index.ids()), self.fetch)
+        if fresh.active == "Flat":  # FAISS could not train it (logged): the Flat index in use is as good
+            return
         self.index.replace_with(fresh)
         log.info(
             "collection %s: trained %s on %d vectors in %.1f s",

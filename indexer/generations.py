@@ -29,9 +29,10 @@ from sqlalchemy import Engine, Integer, delete, exists, func, insert, literal, s
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from indexer.deletion_rows import bump_version
 from indexer.errors import MigrationRefused
+from indexer.lock_order import writer_slot
 from indexer.models import CollectionRow, GenerationRow, GenerationVectorRow, ItemRow, VectorRow, utcnow
-from indexer.rows import bump_version
 from indexer.sql_values import aware, chunks, vector_matrix
 from indexer.types import CollectionState
 
@@ -223,7 +224,7 @@ class GenerationRows:
         """Make the `role` generation (shadow or previous) the active one, in one transaction; the active
         one becomes the previous. Returns the collection's new state and the generation dropped to make
         room (an older previous, when a shadow is swapped in), whose engine data the caller drops."""
-        with Session(self.engine, expire_on_commit=False) as session:
+        with writer_slot(self.engine), Session(self.engine, expire_on_commit=False) as session:
             version = bump_version(session, state.id)  # first: the writers' lock on PostgreSQL
             collection = session.get(CollectionRow, state.id)
             rows = {

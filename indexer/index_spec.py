@@ -31,6 +31,7 @@ LINKS_RANGE = (2, 512)  # HNSW0 / HNSW1 abort inside FAISS; past 512 a vector's 
 DEFAULT_LINKS = 32  # what FAISS and Milvus make of a bare `HNSW`
 BITS_RANGE = (1, 8)  # PQ code bits per sub-vector: PQ…x0 is a division by zero inside FAISS
 DEFAULT_BITS = 8
+TRAIN_POINTS_PER_LIST = 39  # FAISS warns when an IVF list's k-means gets fewer training points
 ALLOWED_FORMS = (
     "Flat, HNSW{M} (M 2 to 512, e.g. HNSW32), IVF{n},Flat (n 1 to 65536, e.g. IVF1024,Flat) "
     "or IVF{n},PQ{m}[x{bits}] (m divides the vector dimension, bits 1 to 8, e.g. IVF1024,PQ64)"
@@ -78,6 +79,21 @@ class IndexSpec:
     def needs_training(self) -> bool:
         """Whether the index replaces Flat only once the collection has enough vectors."""
         return self.kind != "flat"
+
+    @property
+    def training_points(self) -> int:
+        """The fewest vectors that train every trained part of this index, and so the fewest a
+        collection needs before it replaces Flat (0: nothing to train). The one place that knows what
+        each part of the grammar trains: IVF's coarse k-means wants `TRAIN_POINTS_PER_LIST` points per
+        list (FAISS warns below), and each PQ codebook is a k-means of 2^bits centroids, which FAISS
+        refuses to train on fewer points ("Number of training points (70) should be at least as large
+        as number of clusters (256)"). HNSW builds by insertion: nothing to train."""
+        needed = 0
+        if self.kind in ("ivf_flat", "ivf_pq"):
+            needed = max(needed, TRAIN_POINTS_PER_LIST * self.lists)
+        if self.kind == "ivf_pq":
+            needed = max(needed, 2**self.bits)
+        return needed
 
     @property
     def exact_scores(self) -> bool:

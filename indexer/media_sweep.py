@@ -133,7 +133,9 @@ def remove_unused_copies(
     Asked under the media lock, exclusively, like the sweep: a writer holds it shared from writing or
     touching its copy (the same content-addressed file) until the row naming it commits, so the answer
     here counts every row that will ever name these bytes. Asked before taking the lock, it would miss
-    an upload of the same bytes to another collection committing meanwhile, whose file would go."""
+    an upload of the same bytes to another collection committing meanwhile, whose file would go.
+    `uploads_in_use` answers on a connection the caller holds already (indexer/lock_order.py): under
+    this lock nothing may wait for a pooled connection, which uploads waiting for the lock may hold."""
     if not copies:
         return
     with media_lock(media_dir, exclusive=True):

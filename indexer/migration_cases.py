@@ -6,6 +6,7 @@ abandoned generations. Mixed into `CollectionService`, the one door to storage."
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -19,6 +20,7 @@ from retrieval.manifest import same_model
 from retrieval.types import Encoder
 
 if TYPE_CHECKING:
+    from indexer.model_loader import ModelLoader
     from indexer.service import DeleteReason
     from indexer.types import Catalog, CollectionInfo, CollectionKind, CollectionState
 
@@ -27,6 +29,9 @@ class _Service(Protocol):
     catalog: Catalog
     encoder: Encoder | None
     encoders: dict[str, Encoder]
+    model_loader: ModelLoader | None
+
+    def holds(self, model: str, dim: int) -> bool: ...
 
     def delete_items(self, item_ids: Sequence[int], *, reason: DeleteReason = ...) -> int: ...
 
@@ -56,8 +61,48 @@ class MigrationCases:
         runs = ", ".join(f"{e.model_id} ({e.dim}-d)" for e in held)
         raise InvalidInput(
             f"collection {info.name!r} was indexed with {info.model} ({info.dim}-d vectors); "
-            f"the server runs {runs}. Re-index it with this model, or add its model to CNCLIP_MODEL_DIRS."
+            # Said to a server's client and to a command alike: it names the settings, not "the server".
+            f"the model(s) configured by CNCLIP_MODEL_DIR / CNCLIP_MODEL_DIRS: {runs}. "
+            "Re-index it with this model, or add its model to CNCLIP_MODEL_DIRS."
         )
+
+    def answering(self: _Service, state: CollectionState, *, search: bool = True) -> CollectionState:
+        """The generation of `state` that answers in this process: the active one when this process
+        holds its model. Else, when a migration recorded where that model lives, indexer/model_loader.py
+        loads it, and meanwhile a search (`search`) is answered by the previous generation (its model
+        held here) and a write is a 503: searches move to the active generation once its encoder is
+        warm and never fail for the swap. Without a recorded directory: refused as before (422: add the
+        model to CNCLIP_MODEL_DIRS); with one but no previous generation held here, 503 until loaded."""
+        try:
+            self.encoder_for(state)
+            return state
+        except InvalidInput:
+            loader = self.model_loader
+            load = loader.request(state.model, state.dim) if loader is not None else None
+            if load is None:
+                raise
+        previous = self.catalog.previous_generation(state) if search else None
+        if previous is not None and self.holds(previous.model, previous.dim):
+            return replace(
+                state,
+                model=previous.model,
+                dim=previous.dim,
+                vector_key=previous.vector_key,
+                generation=previous.number,
+            )
+        doing = "is loading" if load == "loading" else "could not load yet (its log says why; it tries again)"
+        raise EncoderUnavailable(f"collection {state.name!r} moved to {state.model}, which this server {doing}")
+
+    def holds(self: _Service, model: str, dim: int) -> bool:
+        """Whether this process runs an encoder of `model` (`dim`-d)."""
+        held = ([self.encoder] if self.encoder is not None else []) + list(self.encoders.values())
+        return any(e.dim == dim and same_model(model, e.model_id) for e in held)
+
+    def model_loaded(self: _Service, encoder: Encoder) -> None:
+        """A model a collection swapped to is warm (indexer/model_loader.py): it answers from now on,
+        and the previous generations' stores searched meanwhile are released."""
+        self.encoders = {**self.encoders, encoder.model_id: encoder}  # a new dict: searches iterate the old one
+        self.catalog.release_older_generations()
 
     def check_generation(self: _Service, target: CollectionState, vector_key: str | None) -> CollectionState:
         """`target`, unless vectors made for another generation are about to be added to it (a swap since
@@ -92,10 +137,15 @@ class MigrationCases:
         encoder: Encoder,
         options: MigrateOptions,
         on_progress: MigrationProgress | None = None,
+        model_dir: str | None = None,
     ) -> MigrateReport:
         """Re-embed the collection with `encoder`'s model into its shadow generation, then (unless
-        `options.swap` is off) probe and swap; searches keep using the active generation meanwhile."""
+        `options.swap` is off) probe and swap; searches keep using the active generation meanwhile.
+        `model_dir` (an absolute path: where `encoder`'s model was loaded from) is recorded under its
+        model id, so that a running server meeting the swap can load that model (indexer/model_loader.py)."""
         state = self.check_migration(name, encoder)
+        if model_dir is not None:
+            self.catalog.record_model_source(encoder.model_id, model_dir)
         if not encoder.ready:
             await encoder.start()
 

@@ -219,3 +219,33 @@ class GenerationVectorRow(Base):
     item_id: Mapped[int] = mapped_column(ItemId, ForeignKey("items.id", ondelete="CASCADE"), primary_key=True)
     model: Mapped[str] = mapped_column(String(200))
     vector: Mapped[bytes] = mapped_column(LargeBinary)
+
+
+class ModelSourceRow(Base):
+    """Where a model a migration embedded with was loaded from (`cnclip migrate --model DIR`), by model
+    id (its name and the fingerprint of its files): a server that meets a swap to a model it does not
+    hold loads it from there, after checking that the directory still holds that very model
+    (indexer/model_loader.py)."""
+
+    __tablename__ = "model_sources"
+
+    model: Mapped[str] = mapped_column(String(200), primary_key=True)
+    directory: Mapped[str] = mapped_column(Text)
+    recorded_at: Mapped[datetime] = mapped_column(DateTime(), default=utcnow)
+
+
+class DuplicateCalibrationRow(Base):
+    """The similar-shots threshold measured on a collection with its model (indexer/duplicate_calibration.py):
+    one row per collection, recomputed when the collection's model or generation changes or it grew or
+    shrank a lot. `threshold` is NULL when the model cannot tell a shot from another photo there (the
+    similar tier is then off); `details` is the measurement as JSON."""
+
+    __tablename__ = "duplicate_calibrations"
+
+    collection_id: Mapped[int] = mapped_column(ForeignKey("collections.id", ondelete="CASCADE"), primary_key=True)
+    model: Mapped[str] = mapped_column(String(200))
+    generation: Mapped[int] = mapped_column(Integer)
+    item_count: Mapped[int] = mapped_column(Integer)
+    threshold: Mapped[float | None] = mapped_column(Float)
+    details: Mapped[str] = mapped_column(Text)
+    computed_at: Mapped[datetime] = mapped_column(DateTime(), default=utcnow)

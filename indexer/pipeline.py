@@ -4,9 +4,10 @@ reader threads (read bytes, sha256, read the header once) → batches of `batch_
 encoder, `inflight` batches at once → one writer committing each batch through the collection
 service (SQL rows + vectors in one transaction; the vector store is caught up once, at the end).
 Incremental: a file whose size and mtime are unchanged (and whose st_ctime is older than its row) is
-not read; one whose bytes the collection has already is not embedded (a rename only moves its path,
-indexer/routing.py). Bad files are recorded and skipped. A stop request finishes the batches in
-flight, so a re-run resumes without re-embedding anything that was committed.
+not read; one whose bytes the collection has already is not embedded (a rename only moves its path:
+moves by content first, indexer/moves.py, then indexer/routing.py). Bad files (one over the image limit
+is never read whole) are recorded and skipped. A stop request finishes the batches in flight, so a
+re-run resumes without re-embedding anything that was committed.
 """
 
 from __future__ import annotations
@@ -15,10 +16,9 @@ import asyncio
 import contextlib
 import functools
 import logging
-import os
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
@@ -26,10 +26,13 @@ import numpy as np
 
 from indexer.duplicate_rows import FileCopy
 from indexer.index_summary import IndexSummary, ProgressCallback
+from indexer.moves import FileMoves, prunable, settle_moves, unchanged
+from indexer.presence import file_gone
+from indexer.raw_companions import raw_companions
 from indexer.reading import PreparedFile, read_file, read_phash, read_taken
 from indexer.routing import FileRouter, MovePayload
 from indexer.service import CollectionService
-from indexer.sources import SourceEntry, load_entries
+from indexer.sources import SourceEntry, identities, load_entries
 from indexer.types import CollectionState, FileState, NewImage
 from retrieval.errors import InvalidImage, NotFound
 from retrieval.preprocess import preprocess_image
@@ -41,14 +44,6 @@ log = logging.getLogger(__name__)
 
 Todo = list[tuple[SourceEntry, FileState | None]]
 Embedding = asyncio.Task[tuple[list[PreparedFile], np.ndarray]]
-
-
-def _unchanged(state: FileState, stat: os.stat_result) -> bool:
-    """Whether a file may be skipped without reading it: the size and mtime it was recorded with,
-    and no change to its inode since (a same-size rewrite with the old mtime put back still moves
-    st_ctime, which `utime` cannot set; a false alarm costs one read, the hash then decides)."""
-    recorded = state.recorded_at is None or stat.st_ctime <= state.recorded_at
-    return state.size == stat.st_size and state.mtime == stat.st_mtime and recorded
 
 
 class ImageIndexer:
@@ -69,8 +64,10 @@ class ImageIndexer:
         inflight: int = 2,
         index_factory: str | None = None,
         restore_deleted: bool = False,
+        exclude: Iterable[Path] = (),
     ) -> None:
         self.service = service
+        self.exclude = tuple(exclude)  # folders never walked: the data dir (the product's own files)
         self.collection = collection
         self.batch_size = batch_size
         self.read_threads = read_threads
@@ -99,7 +96,7 @@ class ImageIndexer:
         started = time.perf_counter()
         stop = stop or asyncio.Event()
         report = on_progress or (lambda _summary: None)
-        entries, problems = load_entries(source)
+        entries, problems = load_entries(source, skip=identities(self.exclude))
         summary = IndexSummary(total=len(entries) + len(problems), failures=list(problems))
         if dry_run:
             await self._dry_run(entries, summary, stop, report, prune)
@@ -123,6 +120,8 @@ class ImageIndexer:
             restored = self.service.forget_deletions(self.collection)
             log.info("%s: %d deleted items may be indexed again", self.collection, restored)
         todo = self._plan(entries, self.service.file_states(self.collection), summary)
+        moves = (self.service, self.collection, todo, summary, self.read_threads, None, stop.is_set, self._apply_moves)
+        todo = await asyncio.to_thread(settle_moves, *moves)  # moves by content, before anything is routed
         report(summary)
         if self.undated and not stop.is_set():
             summary.dated = await asyncio.to_thread(self._date_unchanged, self.service.file_states(self.collection))
@@ -137,16 +136,21 @@ class ImageIndexer:
             await asyncio.to_thread(self.service.flush, self.collection)
 
     def _plan(self, entries: list[SourceEntry], states: dict[str, FileState], summary: IndexSummary) -> Todo:
-        """Files that need reading: new ones and those whose size or mtime changed."""
+        """Files that need reading: new ones and those whose size or mtime changed. A RAW beside a
+        rendered image of the same shot is counted, not read (indexer/raw_companions.py)."""
         todo = []
+        companions = raw_companions(entries)
         for entry in entries:
+            if entry.path in companions:
+                summary.raw_companions += 1
+                continue
             state = states.get(str(entry.path))
             try:
                 stat = entry.path.stat()
             except OSError as exc:
                 summary.failures.append((str(entry.path), f"cannot read: {exc.strerror or exc}"))
                 continue
-            if state is not None and _unchanged(state, stat):
+            if state is not None and unchanged(state, stat):
                 summary.unchanged += 1
                 if not state.has_taken:
                     self.undated.append(entry)
@@ -159,10 +163,11 @@ class ImageIndexer:
     def _date_unchanged(self, states: dict[str, FileState], chunk: int = 500) -> int:
         """The backfill: read the date of unchanged files indexed before taken_at existed, and record
         it (no embedding). Reader threads; a file unreadable now keeps no date until the next run."""
+        read = functools.partial(read_taken, max_bytes=self.service.max_image_bytes)
         with ThreadPoolExecutor(self.read_threads, thread_name_prefix="cnclip-date") as pool:
             dated = [
                 (states[str(entry.path)].id, *taken)
-                for entry, taken in zip(self.undated, pool.map(read_taken, self.undated), strict=True)
+                for entry, taken in zip(self.undated, pool.map(read, self.undated), strict=True)
                 if taken is not None and str(entry.path) in states
             ]
         for start in range(0, len(dated), chunk):
@@ -171,10 +176,11 @@ class ImageIndexer:
 
     def _hash_unchanged(self, states: dict[str, FileState], chunk: int = 500) -> int:
         """The hash backfill: like `_date_unchanged`, for rows indexed before perceptual hashes existed."""
+        read = functools.partial(read_phash, max_bytes=self.service.max_image_bytes)
         with ThreadPoolExecutor(self.read_threads, thread_name_prefix="cnclip-phash") as pool:
             hashed = [
                 (states[str(entry.path)].id, phash)
-                for entry, phash in zip(self.unhashed, pool.map(read_phash, self.unhashed), strict=True)
+                for entry, phash in zip(self.unhashed, pool.map(read, self.unhashed), strict=True)
                 if phash is not None and str(entry.path) in states
             ]
         for start in range(0, len(hashed), chunk):
@@ -183,7 +189,7 @@ class ImageIndexer:
 
     def _prune(self) -> int:
         states = self.service.file_states(self.collection)
-        gone = [state.id for path, state in states.items() if not os.path.exists(path)]
+        gone = [state.id for path, state in states.items() if file_gone(path)]  # indexer/presence.py
         copies = self.service.prune_copies(self.collection)
         if copies:
             log.info("%s: forgot %d copies whose files are gone", self.collection, copies)
@@ -208,8 +214,9 @@ class ImageIndexer:
         except NotFound:  # a collection a real run would create
             states, router = {}, FileRouter({}, set())
         todo = self._plan(entries, states, summary)
+        moves = (self.service, self.collection, todo, summary, self.read_threads, router.contents, stop.is_set)
+        todo = await asyncio.to_thread(settle_moves, *moves)
         summary.would_date = len(self.undated)
-        summary.would_prune = sum(1 for path in states if prune and not os.path.exists(path))
         report(summary)
         # What the encoder runs on every image it embeds (retrieval/encoder.py), with the same limits:
         # an image it would refuse is counted as failing, not as one to embed (and not again after
@@ -224,6 +231,7 @@ class ImageIndexer:
                 else:
                     summary.failures.append((str(prepared.entry.path), prepared.decode_error))
             report(summary)
+        summary.would_prune = prunable(states, router.contents) if prune else 0  # after the moves and renames
 
     # --- stages ------------------------------------------------------------------------------
     async def _read(
@@ -237,12 +245,13 @@ class ImageIndexer:
         """Files read and probed (and with `decode`, decoded; with `needs_hash`, perceptually hashed)
         by the reader threads, in order, a bounded window ahead."""
         window = max(self.batch_size * 2, self.read_threads * 4)
+        limit = self.service.max_image_bytes  # a larger file is refused before it is read
         with ThreadPoolExecutor(self.read_threads, thread_name_prefix="cnclip-read") as pool:
             pending: deque[Future[PreparedFile | tuple[str, str] | None]] = deque()
             position = 0
             while position < len(todo) or pending:
                 while position < len(todo) and len(pending) < window and not stop.is_set():
-                    pending.append(pool.submit(read_file, *todo[position], decode, needs_hash))
+                    pending.append(pool.submit(read_file, *todo[position], decode, needs_hash, limit))
                     position += 1
                 if not pending:
                     break
@@ -344,14 +353,18 @@ class ImageIndexer:
         embeddings.discard(task)
         await asyncio.to_thread(self._commit, good, vectors, summary)
 
+    def _apply_moves(self, moves: FileMoves) -> None:
+        """A pass's moves by content, in one transaction (indexer/moves.py)."""
+        self.service.move_files(self.collection, moves)
+
     def _apply_move(self, payload: MovePayload) -> None:
         updates, dates, deletes = payload
+        if deletes:  # first: never two rows at one path, even if the process dies in between
+            self.service.delete_items(deletes, reason="replaced")
         if updates:
             self.service.update_files(self.collection, updates)
         if dates:
             self.service.set_taken(self.collection, dates)
-        if deletes:
-            self.service.delete_items(deletes, reason="replaced")
 
     def _commit(self, batch: list[PreparedFile], vectors: np.ndarray, summary: IndexSummary) -> None:
         if not batch:

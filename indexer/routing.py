@@ -5,12 +5,12 @@ what a real run would embed."""
 
 from __future__ import annotations
 
-import os
 from datetime import datetime
 from typing import Literal
 
 from indexer.duplicate_rows import FileCopy
 from indexer.index_summary import IndexSummary
+from indexer.presence import file_gone
 from indexer.reading import PreparedFile
 from indexer.types import TakenSource
 
@@ -65,15 +65,15 @@ class FileRouter:
         item_id, known_path = known
         if known_path == path:
             summary.unchanged += 1  # touched, same bytes: remember the new mtime only
-        elif known_path is None or not os.path.exists(known_path):
-            summary.renamed += 1
+        elif known_path is None or file_gone(known_path):  # indexer/presence.py
+            summary.renamed += 1  # moved over this path's item (`mv b a`): that one is replaced
             self.contents[prepared.sha256] = (item_id, path)
         else:
             summary.duplicates += 1
             self._copy(prepared)
             return [], [], replaced
         # Its date as read now: an mtime date follows the file's mtime, and a row from before 0003 gets one.
-        return [(item_id, path, prepared.size, prepared.mtime)], [(item_id, *prepared.taken)], []
+        return [(item_id, path, prepared.size, prepared.mtime)], [(item_id, *prepared.taken)], replaced
 
     def _copy(self, prepared: PreparedFile) -> None:
         root = str(prepared.entry.root) if prepared.entry.root is not None else None

@@ -5,10 +5,20 @@ adds or deletes with the new value. On PostgreSQL the bump takes the collection 
 commit, so writers of one collection commit in version order and a reader that has seen version v
 finds every later change with `version > v` (indexer/sync.py relies on this); SQLite has a single
 writer anyway. Ids are never reused, so a stale id can never be taken for a new row.
+
+Locks are taken in indexer/lock_order.py's one order: a writer slot, then one pooled connection,
+then the collection row lock(s), then the media lock; every write here holds one connection from
+its first statement to the end of its clean-up, and never asks the pool for a second one.
+
+A write's answer is the truth: once its transaction commits, nothing after it (removing upload
+copies no row names any more) raises; a failed clean-up is logged and retried by the next one
+(and by the start-up sweep, indexer/media_sweep.py).
 """
 
 from __future__ import annotations
 
+import logging
+import threading
 import uuid
 from collections.abc import Sequence
 from contextlib import ExitStack
@@ -16,11 +26,13 @@ from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Engine, delete, exists, func, insert, select, update
+from sqlalchemy import Connection, Engine, delete, exists, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from indexer.copy_rows import forget_copies_of, forget_copy_paths
+from indexer.copy_rows import forget_copy_paths
+from indexer.deletion_rows import bump_version, delete_committed
+from indexer.lock_order import writer_slot
 from indexer.media_sweep import remove_unused_copies
 from indexer.models import CollectionRow, DeletedItemRow, ItemRow, ItemTagRow, VectorRow, utcnow
 from indexer.names import collection_key
@@ -29,6 +41,10 @@ from indexer.sql_values import aware, chunks, naive_utc, vector_matrix
 from indexer.types import AddResult, CollectionKind, CollectionState, FileState, ItemRecord, SearchFilters
 from indexer.vector_store import ItemAttrs
 from retrieval.errors import Conflict, NotFound
+
+log = logging.getLogger(__name__)
+
+PENDING_CLEANUP_MAX = 10_000  # upload copies kept for the next clean-up; beyond, the start-up sweep
 
 
 def _epoch(naive_utc: datetime | None) -> float | None:
@@ -51,12 +67,17 @@ def _state(row: CollectionRow) -> CollectionState:
     )
 
 
-def bump_version(session: Session, collection_id: int) -> int:
-    """The collection's next version; on PostgreSQL this row stays locked until commit."""
-    session.execute(
-        update(CollectionRow).where(CollectionRow.id == collection_id).values(version=CollectionRow.version + 1)
-    )
-    return int(session.scalar(select(CollectionRow.version).where(CollectionRow.id == collection_id)) or 0)
+def uploads_in_use_on(connection: Connection, shas: Sequence[str]) -> set[str]:
+    """Which of `shas` some upload row (any collection) names, read on `connection` (one the caller
+    holds: asked under the media lock, a second pooled connection is never waited for) in a read
+    transaction of its own, so that each call sees what committed before it (SQLite keeps a snapshot
+    for a whole transaction)."""
+    found: set[str] = set()
+    with connection.begin():
+        for part in chunks(sorted(set(shas))):
+            query = select(ItemRow.sha256).where(ItemRow.sha256.in_(part), ItemRow.path.is_(None)).distinct()
+            found.update(connection.scalars(query))
+    return found
 
 
 class ItemRows:
@@ -65,6 +86,8 @@ class ItemRows:
     def __init__(self, engine: Engine, media_dir: Any) -> None:
         self.engine = engine
         self.media_dir = media_dir
+        self._pending: dict[str, str | None] = {}  # sha256 -> mime of copies a failed clean-up left
+        self._pending_lock = threading.Lock()
 
     def ping(self) -> None:
         """One indexed read that touches the database file or server (not just `SELECT 1`, which a
@@ -135,15 +158,16 @@ class ItemRows:
 
     def drop_collection(self, collection_id: int) -> None:
         """The collection and all its rows (cascades), upload copies no other row uses."""
-        with Session(self.engine) as session:
-            uploads = session.execute(
-                select(ItemRow.sha256, ItemRow.mime).where(
-                    ItemRow.collection_id == collection_id, ItemRow.path.is_(None)
-                )
-            ).all()
-            session.execute(delete(CollectionRow).where(CollectionRow.id == collection_id))
-            session.commit()
-        remove_unused_copies(self.media_dir, uploads, self.uploads_in_use)
+        with writer_slot(self.engine), self.engine.connect() as connection:
+            with Session(bind=connection) as session:
+                uploads = session.execute(
+                    select(ItemRow.sha256, ItemRow.mime).where(
+                        ItemRow.collection_id == collection_id, ItemRow.path.is_(None)
+                    )
+                ).all()
+                session.execute(delete(CollectionRow).where(CollectionRow.id == collection_id))
+                session.commit()
+            self.remove_copies(connection, [(sha, mime) for sha, mime in uploads])
 
     # --- writes ----------------------------------------------------------------------------------
     def add(
@@ -158,7 +182,11 @@ class ItemRows:
         file), deleted in the same transaction. Returns the results and the version written."""
         # The media lock (taken before the first copy is written, released after the session closes)
         # keeps the start-up sweep of another process from deleting a copy before its row commits.
-        with ExitStack() as media_guard, Session(self.engine, expire_on_commit=False) as session:
+        with (
+            writer_slot(self.engine),
+            ExitStack() as media_guard,
+            Session(self.engine, expire_on_commit=False) as session,
+        ):
             version = bump_version(session, collection.id)
             known = known_shas(session, collection.id, {row["sha256"] for row in rows})
             # Read after the version bump, which a user's deletion takes too: a deletion that committed
@@ -181,7 +209,7 @@ class ItemRows:
 
     def update_files(self, collection_id: int, moves: Sequence[tuple[int, str, int, float]]) -> None:
         """Record (item id, new path, size, mtime) for files renamed or touched without new content."""
-        with Session(self.engine) as session:
+        with writer_slot(self.engine), Session(self.engine) as session:
             for item_id, path, size, mtime in moves:
                 session.execute(
                     update(ItemRow)
@@ -195,63 +223,42 @@ class ItemRows:
         """Delete items of any collections; returns collection id -> how many of its items existed.
         `remembered` deletions keep `cnclip index` from adding the same bytes again."""
         removed: dict[int, int] = {}
-        with Session(self.engine) as session:
-            found: list[tuple[int, int]] = []
-            for part in chunks(list(item_ids)):
-                found.extend(session.execute(select(ItemRow.id, ItemRow.collection_id).where(ItemRow.id.in_(part))))
-            orphans: list[tuple[str, str | None]] = []
-            for collection_id in sorted({cid for _, cid in found}):
-                ids = sorted(i for i, cid in found if cid == collection_id)
-                version = bump_version(session, collection_id)
-                orphans += self._delete_rows(session, collection_id, ids, version, reason, remembered)
-                removed[collection_id] = len(ids)
-            session.commit()
-        remove_unused_copies(self.media_dir, orphans, self.uploads_in_use)
+        with writer_slot(self.engine), self.engine.connect() as connection:
+            with Session(bind=connection) as session:
+                orphans = delete_committed(session, item_ids, reason, remembered, removed)
+            self.remove_copies(connection, orphans)  # after the commit: never raises
         return removed
 
-    def _delete_rows(
-        self, session: Session, collection_id: int, ids: list[int], version: int, reason: str, remembered: bool
-    ) -> list[tuple[str, str | None]]:
-        """Delete `ids` (of one collection) and log each deletion; returns the uploads they had."""
-        uploads: list[tuple[str, str | None]] = []
-        for part in chunks(ids):
-            rows = session.execute(
-                select(ItemRow.id, ItemRow.sha256, ItemRow.path, ItemRow.mime).where(
-                    ItemRow.id.in_(part), ItemRow.collection_id == collection_id
-                )
-            ).all()
-            if not rows:
-                continue
-            now = utcnow()
-            session.execute(
-                insert(DeletedItemRow),
-                [
-                    {
-                        "collection_id": collection_id,
-                        "item_id": item_id,
-                        "version": version,
-                        "reason": reason,
-                        "remembered": remembered,
-                        "sha256": sha,
-                        "path": path,
-                        "deleted_at": now,
-                    }
-                    for item_id, sha, path, _ in rows
-                ],
+    def remove_copies(self, connection: Connection, copies: Sequence[tuple[str, str | None]]) -> None:
+        """After a commit: remove the upload copies (sha256, mime) no row names any more, with those a
+        failed clean-up left, asking SQL on `connection` (held already: step 2 before step 4 of the lock
+        order). Never raises: the rows are gone and the answer says so; a failure is logged and the
+        copies are tried again by the next clean-up (an orphan left at exit goes with the start-up sweep)."""
+        with self._pending_lock:
+            wanted = {**self._pending, **dict(copies)}
+            self._pending.clear()
+        if not wanted:
+            return
+        try:
+            remove_unused_copies(self.media_dir, list(wanted.items()), lambda shas: uploads_in_use_on(connection, shas))
+        except Exception as exc:  # the deletion committed: its answer stands
+            log.warning(
+                "could not remove %d unused upload copies under %s (%s); retried after the next deletion",
+                len(wanted),
+                self.media_dir,
+                " ".join(str(exc).split()) or type(exc).__name__,
             )
-            session.execute(delete(ItemRow).where(ItemRow.id.in_([r[0] for r in rows])))
-            forget_copies_of(session, collection_id, [sha for _, sha, _, _ in rows])
-            uploads += [(sha, mime) for _, sha, path, mime in rows if path is None]
-        return uploads
+            with self._pending_lock:
+                for sha, mime in wanted.items():
+                    if len(self._pending) >= PENDING_CLEANUP_MAX:
+                        break
+                    self._pending.setdefault(sha, mime)
 
     def uploads_in_use(self, shas: Sequence[str]) -> set[str]:
-        """Which of `shas` some upload row (any collection) still names: the media sweep's question."""
-        found: set[str] = set()
-        with Session(self.engine) as session:
-            for part in chunks(list(shas)):
-                query = select(ItemRow.sha256).where(ItemRow.sha256.in_(part), ItemRow.path.is_(None)).distinct()
-                found.update(session.scalars(query))
-        return found
+        """Which of `shas` some upload row (any collection) still names (on a connection of its own: a
+        caller that holds the media lock asks `uploads_in_use_on` its own connection instead)."""
+        with self.engine.connect() as connection:
+            return uploads_in_use_on(connection, shas)
 
     def remembered_deletions(self, collection_id: int) -> set[str]:
         """sha256 of the items a user deleted from the collection (and did not restore)."""
@@ -263,7 +270,7 @@ class ItemRows:
 
     def forget_deletions(self, collection_id: int) -> int:
         """`--restore-deleted`: the next index run may add the deleted bytes again."""
-        with Session(self.engine) as session:
+        with writer_slot(self.engine), Session(self.engine) as session:
             result = session.execute(
                 update(DeletedItemRow)
                 .where(DeletedItemRow.collection_id == collection_id, DeletedItemRow.remembered)

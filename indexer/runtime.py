@@ -28,6 +28,7 @@ from typing import Any, Literal
 from indexer.catalog import SqlCatalog
 from indexer.db import check_database, create_db_engine, upgrade, upgrade_settings_db
 from indexer.engines import engine_record, open_vector_engine
+from indexer.model_loader import ModelLoader
 from indexer.service import CollectionService, collection_service
 from indexer.types import Catalog
 from retrieval.encoder import create_encoder
@@ -46,7 +47,7 @@ def open_catalog(settings: Any, *, open_stores: bool = True, sweep_media: bool =
     `open_stores` also opens and reconciles every collection's store now (a server), instead of on
     first use (a process that only writes); `sweep_media` removes the upload copies and temp files
     a killed process left (`cnclip serve` and `cnclip index` at start). Blocking."""
-    engine = create_db_engine(settings.sqlalchemy_url)
+    engine = create_db_engine(settings.sqlalchemy_url, getattr(settings, "database_pool_size", None))
     upgrade(engine)
     vectors = open_vector_engine(settings, engine.url.render_as_string(hide_password=True))
     catalog = SqlCatalog(engine, settings.data_dir, vectors, sync_interval_s=settings.sync_interval_s)
@@ -203,6 +204,11 @@ async def open_runtime(
         if runtime.catalog is not None:
             default = runtime.encoder if runtime.encoders else None
             runtime.service = collection_service(runtime.catalog, default, settings, list(runtime.encoders.values()))
+            if runtime.encoders:  # a collection swapped to a model not held here: load it (no restart)
+                loader = ModelLoader(settings, runtime.catalog.model_source, runtime.service.model_loaded, observer)
+                loader.bind(asyncio.get_running_loop())
+                runtime.service.model_loader = loader
+                stack.push_async_callback(loader.close)
         stack.push_async_callback(runtime._stop_background)
         if warm:
             await runtime.start_encoders()

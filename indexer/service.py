@@ -26,15 +26,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from indexer.duplicate_cases import DuplicateCases
 from indexer.errors import VectorStoreError
+from indexer.exclusion import Exclusion, pushed_away
 from indexer.migration_cases import MigrationCases
+from indexer.moves import MoveCases
 from indexer.names import check_collection_name
-from indexer.paging import PageRequest, rank
+from indexer.paging import MAX_CANDIDATES, PageRequest, rank
 from indexer.perceptual import phash_of_bytes
 from indexer.results import CollectionStats, Found, SearchPage, StageMark
 from indexer.sync import Progress
@@ -58,6 +60,9 @@ from retrieval.errors import Conflict, EncoderUnavailable, InvalidImage, Invalid
 from retrieval.preprocess import DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS, ImageHeader, read_header
 from retrieval.types import Encoder
 
+if TYPE_CHECKING:  # the annotation only
+    from indexer.model_loader import ModelLoader
+
 _NOUNS = {"images": "image", "texts": "text"}
 DeleteReason = Literal["user", "pruned", "replaced"]
 
@@ -70,7 +75,7 @@ class ModelIdentity:
     dim: int
 
 
-class CollectionService(UseCases, DuplicateCases, MigrationCases):
+class CollectionService(UseCases, DuplicateCases, MigrationCases, MoveCases):
     """Use cases over a catalog, for the model of `encoder` (None: a process that embeds nothing,
     such as `cnclip stats`; it can read and delete, not search or add) and of `encoders` (more models
     a server holds: a collection is answered by its active model's, indexer/migration_cases.py)."""
@@ -103,6 +108,7 @@ class CollectionService(UseCases, DuplicateCases, MigrationCases):
         self.duplicate_threshold = duplicate_threshold
         self.duplicate_budget_s = duplicate_budget_s
         self._defaults: dict[str, tuple[float, str]] = {}  # kind -> (when looked up, name)
+        self.model_loader: ModelLoader | None = None  # a server's (indexer/runtime.py): loads swapped-to models
 
     # --- the rules ----------------------------------------------------------------------------
     def _model(self) -> ModelIdentity:
@@ -164,15 +170,17 @@ class CollectionService(UseCases, DuplicateCases, MigrationCases):
         self._defaults.clear()
         return removed
 
-    def resolve(self, name: str | None, kind: CollectionKind, action: str = "this search") -> CollectionState:
+    def resolve(
+        self, name: str | None, kind: CollectionKind, action: str = "this search", *, answer: bool = False
+    ) -> CollectionState:
         """The named collection (404 when unknown) or the default of `kind` (the oldest), checked
-        for kind and model. SQL only: no vector store is opened."""
+        for kind and model (indexer/migration_cases.py `answering`: with `answer`, a search, the
+        generation this process answers with). SQL only: no vector store is opened."""
         if name is None:
             name = self._default_name(kind)
         state = self.catalog.collection(check_collection_name(name))
         self.check_kind(state, kind, action)
-        self.check_model(state)
-        return state
+        return self.answering(state, search=answer)
 
     def _default_name(self, kind: CollectionKind) -> str:
         cached = self._defaults.get(kind)
@@ -210,18 +218,19 @@ class CollectionService(UseCases, DuplicateCases, MigrationCases):
         filters: SearchFilters | None = None,
         *,
         exclude: int | None = None,
+        away: Exclusion | None = None,
         mark: StageMark | None = None,
     ) -> SearchPage:
         """`search` in a collection `resolve` returned (the async use cases resolve before embedding)."""
-        pool = page.candidates()
+        pool = page.candidates() if away is None else MAX_CANDIDATES
         wanted = pool + (1 if exclude is not None else 0)
         hits = self.catalog.search(target.name, vector, wanted, filters, vector_key=target.vector_key)
-        hits = [h for h in hits if h.id != exclude][:pool]
+        hits, exact = pushed_away(self.catalog, target, [h for h in hits if h.id != exclude][:pool], pool, page, away)
         if mark:
             mark("search")
         above = [h.id for h in hits if page.min_score is None or h.score >= page.min_score]
         dates = self.catalog.sort_keys(above) if page.sort != "relevance" else None
-        ranked = rank(hits, pool, page, dates)
+        ranked = replace(rank(hits, pool, page, dates), total_exact=exact)
         records = {r.id: r for r in self.catalog.get_many([h.id for h in ranked.ids])}
         if mark:
             mark("db")
@@ -300,9 +309,10 @@ class CollectionService(UseCases, DuplicateCases, MigrationCases):
         A deleted image's cached thumbnail goes with it."""
         items = self.catalog.get_many(item_ids) if self.thumbs_dir is not None else []
         removed = self.catalog.delete(item_ids, reason=reason, remember=reason == "user")
-        for item in items:
+        for item in items:  # after the commit: a cache file that will not go never undoes the answer
             if item.kind == "images" and item.sha256 and self.thumbs_dir is not None:
-                thumbnail_path(self.thumbs_dir, item.sha256).unlink(missing_ok=True)
+                with contextlib.suppress(OSError):  # served by item id only, and the item is gone
+                    thumbnail_path(self.thumbs_dir, item.sha256).unlink(missing_ok=True)
         return removed
 
     # --- what the indexing pipeline reads and keeps -------------------------------------------------

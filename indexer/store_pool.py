@@ -4,6 +4,10 @@ caught up with other processes' commits when a search sees the collection's vers
 A process that only writes SQL (`cnclip index`) opens none until its final flush, and a store it
 cannot open because another process holds the engine's storage (a Milvus Lite file) is left to that
 process: it catches up from SQL by itself (indexer/sync.py).
+
+A store that fails to open, catch up or search degrades its collection only (indexer/store_health.py):
+that collection answers `CollectionUnavailable` (503) and is opened again after a back-off; the
+others are served, and a server starts whatever state one collection's files are in.
 """
 
 from __future__ import annotations
@@ -13,12 +17,14 @@ import threading
 import time
 from collections.abc import Iterable
 
-from indexer.errors import VectorStoreBusy
+from indexer.errors import VectorStoreBusy, VectorStoreError
 from indexer.names import collection_key
 from indexer.rows import ItemRows
+from indexer.store_health import StoreHealth, is_collection_failure
 from indexer.sync import Progress, StoreSync
 from indexer.types import CollectionState
 from indexer.vector_store import StoreSpec, VectorEngine
+from retrieval.errors import CnclipError
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +44,7 @@ class StorePool:
         self._stores: dict[int, StoreSync] = {}  # collection id -> its open store
         self._by_key: dict[str, StoreSync] = {}  # collection_key(name) -> the same stores
         self._lock = threading.Lock()
+        self.health = StoreHealth()  # the collections whose store failed (degraded)
 
     def held(self, collection_id: int) -> StoreSync | None:
         """The collection's store if this process has it open (never opens one)."""
@@ -62,23 +69,38 @@ class StorePool:
             # A search never waits for another thread's catch-up: it searches what is there.
             try:
                 sync.catch_up(current[1])
+            except Exception as exc:
+                if not is_collection_failure(exc):
+                    raise
+                raise self.failed(sync, "update", exc) from exc
             finally:
                 sync.lock.release()
         sync.checked = time.monotonic()
         return sync
 
     def open(self, state: CollectionState) -> StoreSync:
-        """The store of `state`, opened and reconciled now unless it is open already."""
+        """The store of `state`, opened and reconciled now unless it is open already.
+        `CollectionUnavailable` while the collection is degraded and waits out its back-off."""
         with self._lock:
             sync = self._stores.get(state.id)
             if sync is None or sync.state.vector_key != state.vector_key:
+                self.health.check(state.id)
                 sync = self._new_store(state)
             return sync
 
+    def failed(self, sync: StoreSync, stage: str, exc: BaseException) -> Exception:
+        """Degrade the collection of `sync` after its store failed at `stage` (it is forgotten, and
+        opened again from SQL after the back-off); returns the error to raise."""
+        with self._lock:
+            if self._stores.get(sync.state.id) is sync:
+                self._forget_locked(sync.state.id)
+        return self.health.failed(sync.state.id, sync.state.name, stage, exc)
+
     def forget(self, collection_id: int) -> None:
-        """Drop the store this process holds of a collection (if any)."""
+        """Drop the store this process holds of a collection (if any), and whether it was degraded."""
         with self._lock:
             self._forget_locked(collection_id)
+        self.health.forget(collection_id)
 
     def _forget_locked(self, collection_id: int) -> None:
         sync = self._stores.pop(collection_id, None)
@@ -95,7 +117,14 @@ class StorePool:
             if version is None:
                 fresh = self.rows.collection_by_id(collection_id)
                 version = fresh.version if fresh is not None else sync.seen
-            sync.catch_up(version)
+            try:
+                sync.catch_up(version)
+            except Exception as exc:
+                if not is_collection_failure(exc):
+                    raise
+                # The write is committed in SQL: it stands; the store is opened again (and caught up) later.
+                self.failed(sync, "update", exc)
+                return
             sync.checked = time.monotonic()
 
     def rebuild(self, state: CollectionState, on_progress: Progress | None = None) -> int:
@@ -108,12 +137,22 @@ class StorePool:
     def _new_store(
         self, state: CollectionState, on_progress: Progress | None = None, reason: str | None = None
     ) -> StoreSync:
-        """Open the engine's store of `state`, reconcile it with SQL and hold it (with `_lock`)."""
-        store = self.engine.open(store_spec(state), self.rows.vectors, lambda f: self.rows.filter_ids(state.id, f))
-        sync = StoreSync(self.rows, store, state)
-        with sync.lock:
-            sync.reconcile(on_progress, reason)
-            sync.checked = time.monotonic()
+        """Open the engine's store of `state`, reconcile it with SQL and hold it (with `_lock`). A
+        failure degrades the collection (`CollectionUnavailable`; an engine's own error as it is)."""
+        try:
+            store = self.engine.open(store_spec(state), self.rows.vectors, lambda f: self.rows.filter_ids(state.id, f))
+            sync = StoreSync(self.rows, store, state)
+            with sync.lock:
+                sync.reconcile(on_progress, reason)
+                sync.checked = time.monotonic()
+        except Exception as exc:
+            if not is_collection_failure(exc):
+                raise
+            unavailable = self.health.failed(state.id, state.name, "open", exc)
+            if isinstance(exc, CnclipError):
+                raise  # the engine's own error keeps its status (a Milvus too old: 501)
+            raise unavailable from exc
+        self.health.recovered(state.id)
         self._stores[state.id] = sync
         self._by_key[collection_key(state.name)] = sync
         return sync
@@ -130,8 +169,16 @@ class StorePool:
             except VectorStoreBusy as exc:
                 log.warning("%s; it catches up from SQL within CNCLIP_SYNC_INTERVAL_S", exc.message)
                 return
+            except VectorStoreError:  # degraded (logged): SQL holds its writes, its store catches up later
+                continue
             with sync.lock:
-                sync.catch_up(state.version)
+                try:
+                    sync.catch_up(state.version)
+                except Exception as exc:
+                    if not is_collection_failure(exc):
+                        raise
+                    self.failed(sync, "update", exc)
+                    continue
             sync.store.save()
 
     def close(self) -> None:

@@ -21,9 +21,10 @@ from datetime import UTC, datetime, timedelta, timezone
 from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session
 
+from indexer.deletion_rows import bump_version
+from indexer.lock_order import writer_slot
 from indexer.models import CollectionRow, ItemRow
-from indexer.rows import bump_version
-from indexer.sql_values import chunks, naive_utc
+from indexer.sql_values import as_utc, chunks, naive_utc
 from indexer.types import TakenSource
 from retrieval.errors import CnclipError
 from retrieval.preprocess import ImageHeader, read_header
@@ -57,9 +58,12 @@ def parse_exif_datetime(value: object, offset: object = None) -> datetime | None
     except ValueError:
         return None
     zone = _offset(offset)
-    aware = moment.replace(tzinfo=zone) if zone is not None else moment.astimezone()  # naive: local time
-    aware = aware.astimezone(UTC)
-    if not EARLIEST <= aware <= datetime.now(UTC) + timedelta(days=1):
+    try:
+        local = moment.replace(tzinfo=zone) if zone is not None else moment.astimezone()  # naive: local time
+    except (OverflowError, ValueError):  # local time of 0001-01-01 00:00 east of UTC: before year 1
+        return None
+    aware = as_utc(local)  # None out of the calendar once in UTC (the datetime rule, indexer/sql_values.py)
+    if aware is None or not EARLIEST <= aware <= datetime.now(UTC) + timedelta(days=1):
         return None
     return aware
 
@@ -70,7 +74,8 @@ def _offset(value: object) -> timezone | None:
     if not isinstance(value, str):
         return None
     text = value.strip("\x00 ")
-    if len(text) != 6 or text[0] not in "+-" or text[3] != ":" or not (text[1:3] + text[4:]).isdigit():
+    digits = text[1:3] + text[4:]
+    if len(text) != 6 or text[0] not in "+-" or text[3] != ":" or not (digits.isascii() and digits.isdigit()):
         return None
     minutes = int(text[1:3]) * 60 + int(text[4:])
     if minutes > 14 * 60:
@@ -85,7 +90,10 @@ def taken_from(header: ImageHeader | None, mtime: float | None) -> Taken:
     if exif is not None:
         return exif, "exif"
     if mtime is not None:
-        return datetime.fromtimestamp(mtime, UTC), "mtime"
+        try:
+            return datetime.fromtimestamp(mtime, UTC), "mtime"
+        except (OverflowError, OSError, ValueError):  # an mtime past year 9999 (utime takes any): no date
+            pass
     return datetime.now(UTC), "upload"
 
 
@@ -102,7 +110,7 @@ def set_taken(engine: Engine, collection_id: int, updates: Sequence[tuple[int, d
     """Record (item id, taken_at, source) for items of a collection (the backfill); returns the
     collection version written. The rows are stamped with it, so that other processes re-read their
     attributes (a Milvus store filters on taken_at itself)."""
-    with Session(engine) as session:
+    with writer_slot(engine), Session(engine) as session:
         version = bump_version(session, collection_id)
         for item_id, moment, source in updates:
             session.execute(

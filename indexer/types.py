@@ -13,10 +13,12 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 import numpy as np
 
 if TYPE_CHECKING:  # the near-duplicate records (their modules import these types)
+    from indexer.duplicate_calibration import Calibration
     from indexer.duplicate_pages import TierChoice
     from indexer.duplicate_rows import FileCopy
     from indexer.duplicates import DuplicatesPage
     from indexer.generations import Generation, MigrationStatus
+    from indexer.moves import FileMoves
 
 CollectionKind = Literal["images", "texts"]
 # exif: the photo's DateTimeOriginal; mtime: the file's modification time (no EXIF date);
@@ -35,6 +37,7 @@ class CollectionInfo:
     items: int  # rows in SQL
     vectors: int  # vectors in the engine (equal to items once reconciled)
     created_at: datetime | None = None
+    degraded: str | None = None  # why its vector store failed (indexer/store_health.py); None when healthy
 
 
 @dataclass(frozen=True)
@@ -211,6 +214,9 @@ class Catalog(Protocol):
     def vector(self, item_id: int) -> np.ndarray:
         """The stored vector of an item (for "similar images" by id)."""
 
+    def vectors_for(self, collection: str, ids: Sequence[int], vector_key: str) -> np.ndarray:
+        """Stored vectors of `ids` of the collection's generation `vector_key` (active or previous)."""
+
     def read_media(self, item: ItemRecord) -> bytes:
         """The item's image bytes, exactly as indexed (`indexer.media_check`); `NotFound` / `MediaChanged`."""
 
@@ -237,11 +243,24 @@ class Catalog(Protocol):
 
     def unhashed_ids(self, name: str) -> list[int]: ...
 
+    def duplicate_calibration(self, name: str) -> tuple[Calibration | None, str | None]: ...
+
+    def calibration_sample(self, name: str) -> list[ItemRecord]: ...
+
+    def finish_calibration(self, name: str, measured: Sequence[tuple[int, np.ndarray]]) -> Calibration: ...
+
     def set_phashes(self, name: str, updates: Sequence[tuple[int, int]]) -> None: ...
 
     def record_copies(self, name: str, copies: Sequence[FileCopy]) -> None: ...
 
     def prune_copies(self, name: str) -> int: ...
+
+    # --- moves by content (indexer/move_rows.py) ---------------------------------------------------------
+    def move_files(self, name: str, moves: FileMoves) -> None: ...
+
+    def copies_of(self, name: str, shas: Sequence[str]) -> dict[str, list[FileCopy]]: ...
+
+    def files_with(self, name: str, shas: Sequence[str]) -> dict[str, tuple[str, FileState]]: ...
 
     # --- the vector engine: a store is opened on first use ---------------------------------------------
     def search(
@@ -276,6 +295,14 @@ class Catalog(Protocol):
     def swap_generation(self, name: str, role: str) -> CollectionState: ...
 
     def drop_generation(self, name: str, role: str) -> Generation: ...
+
+    def record_model_source(self, model: str, directory: str) -> None: ...
+
+    def model_source(self, model: str) -> str | None: ...
+
+    def release_older_generations(self) -> None: ...
+
+    def previous_generation(self, state: CollectionState) -> Generation | None: ...
 
     def vector_count(self, collection: str) -> int: ...
 

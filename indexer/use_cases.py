@@ -14,8 +14,9 @@ import anyio.to_thread
 import numpy as np
 
 from indexer.errors import GenerationMoved
+from indexer.exclusion import Exclusion, excluded_texts
 from indexer.paging import PageRequest
-from indexer.types import AddResult, CollectionKind, NewImage, NewText, SearchFilters
+from indexer.types import AddResult, CollectionKind, ItemRecord, NewImage, NewText, SearchFilters
 from retrieval.errors import EncoderUnavailable
 from retrieval.preprocess import ImageHeader
 from retrieval.types import Encoder
@@ -48,7 +49,9 @@ class _Service(Protocol):
 
     def encoder_for(self, info: CollectionState) -> Encoder: ...
 
-    def resolve(self, name: str | None, kind: CollectionKind, action: str = ...) -> CollectionState: ...
+    def resolve(
+        self, name: str | None, kind: CollectionKind, action: str = ..., *, answer: bool = ...
+    ) -> CollectionState: ...
 
     def writable(self, name: str, kind: CollectionKind) -> CollectionState: ...
 
@@ -60,8 +63,22 @@ class _Service(Protocol):
         filters: SearchFilters | None = ...,
         *,
         exclude: int | None = ...,
+        away: Exclusion | None = ...,
         mark: StageMark | None = ...,
     ) -> SearchPage: ...
+
+    def similar(
+        self,
+        item_id: int,
+        page: PageRequest,
+        filters: SearchFilters | None = ...,
+        *,
+        mark: StageMark | None = ...,
+    ) -> SearchPage: ...
+
+    def item(self, item_id: int) -> ItemRecord: ...
+
+    def stored_vector(self, collection: str, item_id: int) -> tuple[CollectionState, np.ndarray]: ...
 
     def complete(self, image: NewImage, header: ImageHeader | None = ...) -> NewImage: ...
 
@@ -90,17 +107,22 @@ class UseCases:
         page: PageRequest,
         filters: SearchFilters | None = None,
         *,
+        excluded: Sequence[str] = (),
         mark: StageMark | None = None,
     ) -> SearchPage:
-        """Images of `collection` (default: the oldest image collection) matching a text."""
+        """Images of `collection` (default: the oldest image collection) matching a text, pushed away
+        from the `excluded` texts (indexer/exclusion.py)."""
         page.check()
+        texts = excluded_texts(excluded)
         for attempt in range(SWAP_RETRIES + 1):
-            target = await off_loop(self.resolve, collection, "images")  # before any model work
-            vector = (await warm(self.encoder_for(target)).embed_texts([query]))[0]
+            # before any model work; the generation this process answers with (a swap's previous meanwhile)
+            target = await off_loop(self.resolve, collection, "images", answer=True)
+            vectors = await warm(self.encoder_for(target)).embed_texts([query, *texts])  # one batch, cached per text
+            away = Exclusion.of(texts, vectors[1:], target.vector_key) if texts else None
             if mark:
                 mark("encode")
             try:
-                return await off_loop(self.search_in, target, vector, page, filters, mark=mark)
+                return await off_loop(self.search_in, target, vectors[0], page, filters, away=away, mark=mark)
             except GenerationMoved:  # swapped to another model meanwhile: embed again with the new one
                 if attempt == SWAP_RETRIES:
                     raise
@@ -114,18 +136,52 @@ class UseCases:
         page: PageRequest,
         filters: SearchFilters | None = None,
         *,
+        excluded: Sequence[str] = (),
         mark: StageMark | None = None,
     ) -> SearchPage:
         """Similar images (`target_kind` images) or best-matching texts (texts) for image bytes whose
-        header the caller has checked."""
+        header the caller has checked, pushed away from the `excluded` texts."""
         page.check()
+        texts = excluded_texts(excluded)
         for attempt in range(SWAP_RETRIES + 1):
-            target = await off_loop(self.resolve, collection, target_kind)
-            vector = (await warm(self.encoder_for(target)).embed_images([data]))[0]
+            target = await off_loop(self.resolve, collection, target_kind, answer=True)
+            encoder = warm(self.encoder_for(target))
+            vector = (await encoder.embed_images([data]))[0]
+            away = Exclusion.of(texts, await encoder.embed_texts(list(texts)), target.vector_key) if texts else None
             if mark:
                 mark("encode")
             try:
-                return await off_loop(self.search_in, target, vector, page, filters, mark=mark)
+                return await off_loop(self.search_in, target, vector, page, filters, away=away, mark=mark)
+            except GenerationMoved:
+                if attempt == SWAP_RETRIES:
+                    raise
+        raise AssertionError("unreachable")
+
+    async def similar_to(
+        self: _Service,
+        item_id: int,
+        page: PageRequest,
+        filters: SearchFilters | None = None,
+        *,
+        excluded: Sequence[str] = (),
+        mark: StageMark | None = None,
+    ) -> SearchPage:
+        """Items of the same collection nearest to `item_id` (its stored vector), pushed away from the
+        `excluded` texts, embedded by the model of the collection's stored vectors."""
+        page.check()
+        texts = excluded_texts(excluded)
+        if not texts:
+            return await off_loop(self.similar, item_id, page, filters, mark=mark)
+        for attempt in range(SWAP_RETRIES + 1):
+            item = await off_loop(self.item, item_id)
+            target, vector = await off_loop(self.stored_vector, item.collection, item_id)
+            away = Exclusion.of(texts, await warm(self.encoder_for(target)).embed_texts(list(texts)), target.vector_key)
+            if mark:
+                mark("encode")
+            try:
+                return await off_loop(
+                    self.search_in, target, vector, page, filters, exclude=item_id, away=away, mark=mark
+                )
             except GenerationMoved:
                 if attempt == SWAP_RETRIES:
                     raise

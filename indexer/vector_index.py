@@ -1,7 +1,8 @@
 """One FAISS index per collection: ID-mapped (ids = SQL primary keys), inner product, derived data.
 
-`Flat` until the collection is large enough to train its configured index (IVF, HNSW, PQ);
-approximate indexes fetch k·r candidates and re-rank them exactly with the stored vectors. The
+`Flat` until the collection is large enough to train its configured index (IVF, HNSW, PQ: what
+"large enough" is comes from the parsed spec, `IndexSpec.training_points`), and `Flat` still, searched
+exactly, when FAISS refuses to train it (tried again at twice the count); approximate indexes fetch k·r candidates and re-rank them exactly with the stored vectors. The
 configured description is parsed (indexer/index_spec.py); FAISS's factory only ever sees the
 string re-rendered from the parsed record, never the stored text itself.
 Files are written whole and atomically (temp file, fsync, rename) with a checksum, so a reader
@@ -71,10 +72,12 @@ class ReadWriteLock:
 
 
 def training_threshold(spec: IndexSpec, tuning: SearchTuning) -> int:
-    """Vectors a collection needs before `spec` replaces Flat (IVF wants ~39 points per list)."""
+    """Vectors a collection needs before `spec` replaces Flat: `CNCLIP_INDEX_TRAIN_MIN`, and never
+    fewer than what every trained part of `spec` needs (`IndexSpec.training_points`: IVF lists, 2^bits
+    per PQ codebook)."""
     if not spec.needs_training:
         return 0
-    return max(tuning.train_min, 39 * spec.lists)
+    return max(tuning.train_min, spec.training_points)
 
 
 def stored_spec(factory: str, dim: int) -> IndexSpec | None:
@@ -105,6 +108,8 @@ class VectorIndex:
         self.index: faiss.IndexIDMap2 = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
         # Ids removed from an index that cannot remove (HNSW): filtered out of every search.
         self.tombstones: set[int] = set()
+        # Vectors held when training last failed (0: it never did): the next try waits for twice as many.
+        self.training_failed_at = 0
         self.lock = ReadWriteLock()
 
     # --- contents -------------------------------------------------------------------------
@@ -152,32 +157,48 @@ class VectorIndex:
             self.active != self.factory
             and self.spec.needs_training
             and count >= training_threshold(self.spec, self.tuning)
+            and count >= 2 * self.training_failed_at
         )
 
     def build(self, ids: np.ndarray, fetch: FetchVectors, chunk: int = 20_000) -> VectorIndex:
-        """A new index of this one's kind holding `ids` (vectors from `fetch`), trained if large enough."""
+        """A new index of this one's kind holding `ids` (vectors from `fetch`), trained if large enough.
+        When FAISS cannot train it (a RuntimeError from native code), the new index is Flat — exact
+        searches over the same vectors — and this one remembers the count, so training is tried
+        again only once the collection has doubled: a collection whose index cannot be built is
+        searched exactly until it can, never broken."""
         fresh = VectorIndex(self.dim, self.factory, self.model, self.tuning, self.owner)
+        fresh.training_failed_at = self.training_failed_at
         if fresh.wants_training(len(ids)):
-            # Only the re-rendered description of a parsed spec reaches FAISS (indexer/index_spec.py).
-            inner = faiss.index_factory(self.dim, self.spec.description, faiss.METRIC_INNER_PRODUCT)
-            ivf = faiss.try_extract_index_ivf(inner)
-            # Any: faiss's stubs type downcast_index as the base Index, which lacks the IVF-PQ field.
-            concrete: Any = faiss.downcast_index(ivf) if ivf is not None else None
-            if hasattr(concrete, "do_polysemous_training"):
-                # Polysemous training only serves Hamming pre-filtering, which we do not use, and is slow.
-                concrete.do_polysemous_training = False
-            if not inner.is_trained:
-                # 64 points per IVF list (faiss wants ≥ 39), at least 50k for PQ codebooks.
-                sample_size = min(len(ids), max(50_000, 64 * self.spec.lists))
-                rng = np.random.default_rng(0)
-                sample = np.sort(rng.choice(ids, size=sample_size, replace=False))
-                inner.train(np.ascontiguousarray(fetch(sample), dtype=np.float32))
-            fresh.index = faiss.IndexIDMap2(inner)
-            fresh.active = self.factory
+            try:
+                fresh.index, fresh.active = self._trained(ids, fetch), self.factory
+            except RuntimeError as exc:  # FAISS's C++ exceptions; the collection stays exact (Flat)
+                self.training_failed_at = fresh.training_failed_at = len(ids)
+                log.warning(
+                    "index %s not trained on %d vectors, searching exactly (Flat) until %d: %s",
+                    self.spec.description, len(ids), 2 * len(ids), str(exc).strip().splitlines()[-1][:200],
+                )  # fmt: skip
         for start in range(0, len(ids), chunk):
             part = ids[start : start + chunk]
             fresh.index.add_with_ids(np.ascontiguousarray(fetch(part), dtype=np.float32), part.astype(np.int64))
         return fresh
+
+    def _trained(self, ids: np.ndarray, fetch: FetchVectors) -> faiss.IndexIDMap2:
+        """An empty id-mapped index of the configured spec, trained on a sample of `ids`."""
+        # Only the re-rendered description of a parsed spec reaches FAISS (indexer/index_spec.py).
+        inner = faiss.index_factory(self.dim, self.spec.description, faiss.METRIC_INNER_PRODUCT)
+        ivf = faiss.try_extract_index_ivf(inner)
+        # Any: faiss's stubs type downcast_index as the base Index, which lacks the IVF-PQ field.
+        concrete: Any = faiss.downcast_index(ivf) if ivf is not None else None
+        if hasattr(concrete, "do_polysemous_training"):
+            # Polysemous training only serves Hamming pre-filtering, which we do not use, and is slow.
+            concrete.do_polysemous_training = False
+        if not inner.is_trained:
+            # 64 points per IVF list (faiss wants ≥ 39), at least 50k for PQ codebooks.
+            sample_size = min(len(ids), max(50_000, 64 * self.spec.lists))
+            rng = np.random.default_rng(0)
+            sample = np.sort(rng.choice(ids, size=sample_size, replace=False))
+            inner.train(np.ascontiguousarray(fetch(sample), dtype=np.float32))
+        return faiss.IndexIDMap2(inner)
 
     # --- search --------------------------------------------------------------------------------
     def _params(self, selector: faiss.IDSelector | None) -> faiss.SearchParameters | None:
@@ -279,6 +300,12 @@ class VectorIndex:
         _, index = read_index_file(path, accept)
         if not isinstance(index, faiss.IndexIDMap2):
             raise IndexFileError("not an id-mapped index")
+        # The header is checked above; the body must be what it says too (a body spliced in from
+        # another index, whatever its header, would fail every add or search inside FAISS).
+        if index.d != dim or index.metric_type != faiss.METRIC_INNER_PRODUCT or index.id_map.size() != index.ntotal:
+            raise IndexFileError("its body is not the index its header describes (dimension, metric or ids)")
+        if loaded.active == "Flat" and not isinstance(faiss.downcast_index(index.index), faiss.IndexFlat):
+            raise IndexFileError("its header says Flat, its body is another index")
         loaded.index = index
         return loaded
 

@@ -11,8 +11,14 @@ indexer's own rules (indexer/watch_pass.py):
    indexer/watch_events.py) are hints: each hinted path waits until its size and mtime have been
    still for the quiet period (indexer/debounce.py), then the settled paths are reconciled in one
    hinted pass. A periodic full pass (`--rescan-interval`) catches whatever no event named.
-4. A folder that vanishes or turns into another filesystem (an unmounted share) is not taken for a
-   folder whose files were all deleted: nothing is pruned until it is back.
+4. The folder is pinned (indexer/watch_root.py): its device and inode, walked from its descriptor.
+   A folder that vanishes, is renamed away, or is replaced at its path (by a symlink to another
+   folder, by another folder: `mv photos photos.real; ln -s /elsewhere photos`) is not taken for a
+   folder whose files were all deleted: the watcher says so in one line and reads, indexes and
+   prunes nothing until the pinned folder is back at its path (then it rescans). A new folder put at
+   the path is never adopted silently: watching it takes a restart (the line says so).
+5. Unreadable is not deleted: a folder the watcher may not open is skipped with one line, and
+   nothing under it is pruned. The data dir, when it lies inside the folder, is never walked.
 
 Stopping (`stop` set: Ctrl-C, SIGTERM, a server shutting down) lets the pass in flight finish its
 batches; a pass cut short by cancellation loses only its uncommitted batch (SQL rolls it back).
@@ -29,19 +35,19 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 from indexer.debounce import QuietPaths
 from indexer.file_names import printable
 from indexer.index_summary import IndexSummary, ProgressCallback
 from indexer.service import CollectionService
+from indexer.sources import identities
 from indexer.watch_events import filesystem_type, inotify_hints, needs_polling, poll_hints
+from indexer.watch_health import WatcherHealth
 from indexer.watch_lock import FolderLock
 from indexer.watch_pass import FolderPass
+from indexer.watch_root import Identity, PinnedRoot, RootMoved, RootState
 from retrieval.errors import CnclipError
-
-if TYPE_CHECKING:
-    from indexer.watch_settings import WatchedFolder
 
 log = logging.getLogger(__name__)
 
@@ -99,6 +105,7 @@ class FolderWatcher:
         self.folder = folder
         self.options = options
         self.lock_dir = data_dir / "watch"
+        self.data_dir = data_dir
         # The catalog's own files change with every pass: hints from there would start pass after pass.
         self.ignored = str(data_dir.resolve()) + os.sep
         self.on_pass = on_pass
@@ -106,8 +113,9 @@ class FolderWatcher:
         self.mode = "starting"  # how changes are seen: inotify, polling, rescans only
         self.quiet = QuietPaths(options.quiet_s)
         self._wake = asyncio.Event()
-        self._device: int | None = None
-        self._absent = False
+        self._state = RootState.HERE  # the pinned folder's state, as last said
+        self.health: WatcherHealth | None = None  # a server's watcher says how it is doing there
+        self._unreadable: set[str] = set()  # folders said to be unreadable (said again once readable)
         self._returned = False  # the folder came back: watch it anew
         self._next_full = 0.0
         self._reported: set[tuple[str, str]] = set()
@@ -120,18 +128,30 @@ class FolderWatcher:
         """Watch until `stop`; returns the first pass's summary (None when stopped before it ran).
         The first pass's errors are raised (a wrong collection, the model unavailable); later ones
         are logged and the pass retried."""
-        if not await self._wait_for_folder(stop):
+        root = await self._wait_for_folder(stop)
+        if root is None:
             return None
-        self.top = self.folder.resolve()
+        self.root = root  # the folder watched from now on, whatever its name becomes
+        self.top = root.path
         lock = FolderLock(self.lock_dir, self.collection, self.top)
         if not await self._take(lock, stop):
             return None
-        self.passes = FolderPass(self.service, self.collection, self.top, **self.indexer_options)
+        self.passes = FolderPass(
+            self.service,
+            self.collection,
+            self.root,
+            skip=self._product_folders(),
+            quiet_s=self.options.quiet_s,
+            **self.indexer_options,
+        )
         self.passes.hold_prunes = self.quiet.any_present  # hints arrived during the pass (a read only)
         self._start_pump()
         try:
-            self._device = os.stat(self.top).st_dev
-            first = await self.passes.full(stop, first_progress)
+            try:
+                first = await self.passes.full(stop, first_progress)
+            except RootMoved as exc:  # swapped between the pin and the walk
+                self._said(exc.state)
+                first = IndexSummary()
             self._rehint_deferred()
             self._report("first", first)
             if not first.interrupted:
@@ -142,15 +162,23 @@ class FolderWatcher:
             lock.release()
 
     # --- before the first pass ---------------------------------------------------------------------
-    async def _wait_for_folder(self, stop: asyncio.Event) -> bool:
-        if self.folder.is_dir():
-            return True
-        log.warning("watch %s: not a folder (yet); waiting for it", self.label)
+    async def _wait_for_folder(self, stop: asyncio.Event) -> PinnedRoot | None:
+        """The folder, pinned once it is one (None: stopped before)."""
+        said = False
         while not stop.is_set():
+            try:
+                return PinnedRoot.pin(self.folder)
+            except OSError:
+                if not said:
+                    log.warning("watch %s: not a folder (yet); waiting for it", self.label)
+                    said = True
             await rest(stop, RETRY_S)
-            if self.folder.is_dir():
-                return True
-        return False
+        return None
+
+    def _product_folders(self) -> frozenset[Identity]:
+        """The folders the product writes (the data dir: uploads' copies, thumbnails, the catalog),
+        by identity: a walk never enters them, wherever they lie and whatever leads to them."""
+        return identities([self.data_dir])
 
     async def _take(self, lock: FolderLock, stop: asyncio.Event) -> bool:
         if lock.try_acquire():
@@ -282,24 +310,54 @@ class FolderWatcher:
         self._wake.clear()
 
     def _present(self) -> bool:
-        """Whether the folder is there, on the filesystem it was on at the start (else nothing is pruned)."""
-        try:
-            here = os.stat(self.top).st_dev == self._device
-        except OSError:
-            here = False
-        if not here and not self._absent:
-            log.warning("watch %s: the folder is gone or unmounted; nothing is pruned until it is back", self.label)
-        elif here and self._absent:
-            log.warning("watch %s: the folder is back; rescanning it", self.label)
-            self._next_full = 0.0
-            self._returned = True
-        self._absent = not here
-        return here
+        """Whether the pinned folder is at its path (else nothing is read or pruned)."""
+        return self._said(self.root.state())
+
+    def _said(self, state: RootState) -> bool:
+        """Say a change of the folder's state, in one line; whether it is here."""
+        if state is not self._state:
+            if state is RootState.HERE:
+                log.warning("watch %s: the folder is back; rescanning it", self.label)
+                self._next_full = 0.0
+                self._returned = True
+            elif state is RootState.GONE:
+                log.warning("watch %s: the folder is gone or unmounted; nothing is pruned until it is back", self.label)
+            elif state is RootState.UNREADABLE:
+                log.warning("watch %s: the folder cannot be read; nothing is pruned until it can", self.label)
+            else:
+                log.warning(
+                    "watch %s: the folder was replaced (by a symlink, a file or another folder): stopped; nothing "
+                    "is read or pruned through it. Watching resumes if the original folder comes back to this "
+                    "path; restart the watcher to watch the new one",
+                    self.label,
+                )
+            self._state = state
+            if self.health is not None:
+                self.health.folder_here = state is RootState.HERE
+        return state is RootState.HERE
+
+    def _say_unreadable(self, kind: str) -> None:
+        """One line per folder a pass could not read (kept as it was: nothing under it pruned); a full
+        pass says which are readable again, so one that becomes unreadable again is said again."""
+        found = set(self.passes.unreadable)
+        now = found if kind in ("first", "full") else self._unreadable | found
+        for path in sorted(found - self._unreadable)[:20]:
+            log.warning(
+                "watch %s: cannot read %s (%s): skipped; nothing under it is pruned while it stays unreadable",
+                self.label,
+                printable(path),
+                self.passes.unreadable[path],
+            )
+        self._unreadable = now
 
     async def _guarded(self, kind: str, make: Callable[[], Awaitable[IndexSummary]]) -> None:
         """Run one pass; a project error (the database away…) is one line, and a full pass follows."""
         try:
             summary = await make()
+        except RootMoved as exc:  # swapped during the pass: stopped before its next write
+            self._said(exc.state)
+            self._next_full = time.monotonic() + RETRY_S
+            return
         except CnclipError as exc:
             log.warning("watch %s: a %s pass failed (%s); rescanning in %g s", self.label, kind, exc.message, RETRY_S)
             self._next_full = time.monotonic() + RETRY_S
@@ -313,6 +371,7 @@ class FolderWatcher:
             self.quiet.hint(path, now)
 
     def _report(self, kind: str, summary: IndexSummary) -> None:
+        self._say_unreadable(kind)
         new = [f for f in summary.failures if f not in self._reported]
         for where, why in new[:20]:
             log.warning("watch %s: bad file %s: %s", self.label, printable(where), printable(why))
@@ -334,41 +393,3 @@ def _innermost(exc: BaseException) -> BaseException:
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
         exc = exc.exceptions[0]
     return exc
-
-
-# --- `cnclip serve`: CNCLIP_WATCH ----------------------------------------------------------------------
-def watch_served_folders(runtime: Any, settings: Any, folders: list[WatchedFolder]) -> None:
-    """Register one background task per watched folder with the server's runtime (indexer/runtime.py)."""
-    for watched in folders:
-
-        async def job(watched: WatchedFolder = watched) -> None:
-            watcher = FolderWatcher(
-                runtime.service,
-                watched.collection,
-                watched.folder,
-                WatchOptions.from_settings(settings),
-                settings.data_dir,
-                batch_size=settings.index_batch_size,
-                read_threads=settings.index_read_threads,
-                inflight=max(2, settings.streams + 1),
-            )
-            await run_until_cancelled(watcher)
-
-        runtime.run_in_background(f"watch {watched.collection} {watched.folder}", job)
-
-
-async def run_until_cancelled(watcher: FolderWatcher) -> None:
-    """Run a watcher as a background task: cancelling it stops the watcher the gentle way (the batch
-    in flight commits, for up to STOP_GRACE_S). A first pass that fails is one logged line."""
-    stop = asyncio.Event()
-    task = asyncio.create_task(watcher.run(stop))
-    try:
-        await asyncio.shield(task)
-    except asyncio.CancelledError:
-        stop.set()
-        await asyncio.wait([task], timeout=STOP_GRACE_S)
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
-        raise
-    except CnclipError as exc:
-        log.error("watch %s: not watched: %s", watcher.label, exc.message)

@@ -8,21 +8,30 @@ unchanged is not read, bytes the collection has (sha256) are never embedded agai
 only updates the row's path: same id, same vector), a changed file is re-embedded and replaces its
 row, a user's deletion stays remembered, and a pruned row is not (the file coming back is indexed).
 Rows of the collection outside the watched folder are never touched.
+
+Walks start from the watched folder's pinned descriptor (indexer/watch_root.py); every commit and
+the prune check first that the folder at its path is still the pinned one, and a file that changed
+within the quiet period is read only once it stays still (full passes too: a file being written is
+never read half-done by a rescan).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any
 
 from indexer.index_summary import IndexSummary, ProgressCallback
+from indexer.moves import FileMoves
 from indexer.pipeline import ImageIndexer
+from indexer.reading import PreparedFile
+from indexer.routing import MovePayload
 from indexer.service import CollectionService
-from indexer.sources import SourceEntry, folder_entry, walk_folder, walked_by
+from indexer.sources import SourceEntry
+from indexer.watch_root import Identity, PinnedRoot, Walk
 
 Scope = Callable[[str], bool]  # which rows' paths a pass may prune
 
@@ -34,41 +43,30 @@ def under(folders: Iterable[str]) -> Scope:
     return lambda path: path in exact or path.startswith(prefixes)
 
 
-def hinted_entries(top: Path, paths: Iterable[str]) -> tuple[list[SourceEntry], list[tuple[str, str]], list[str]]:
-    """The entries a walk of `top` would give for these hinted paths (a folder is walked), the refused
-    files, and the hinted paths themselves that a walk reaches (the prune scope). Hidden paths, paths
-    outside `top` and paths behind a symlinked folder are ignored, as a walk ignores them."""
-    entries: dict[str, SourceEntry] = {}
-    refused: dict[str, str] = {}
-    scope: list[str] = []
-    for raw in sorted(set(paths)):
-        path = Path(raw)
-        if path == top or not walked_by(top, path):
-            continue
-        scope.append(raw)
-        if path.is_dir() and not path.is_symlink():
-            found, bad = walk_folder(top, start=path)
-            entries.update((str(e.path), e) for e in found)
-            refused.update(bad)
-            continue
-        one = folder_entry(top, path)
-        if isinstance(one, SourceEntry):
-            entries[raw] = one
-        elif one is not None:
-            refused[one[0]] = one[1]
-    return list(entries.values()), list(refused.items()), scope
-
-
 class FolderPass(ImageIndexer):
     """The pipeline with a scoped prune and no save of the vector store at the end of each pass (a
     server's store is caught up by each commit and saves itself; a lone watcher's is saved on exit)."""
 
     flush_at_end = False
 
-    def __init__(self, service: CollectionService, collection: str, top: Path, **options: Any) -> None:
+    def __init__(
+        self,
+        service: CollectionService,
+        collection: str,
+        root: PinnedRoot,
+        *,
+        skip: frozenset[Identity] = frozenset(),
+        quiet_s: float = 0.0,
+        **options: Any,
+    ) -> None:
         super().__init__(service, collection, **options)
-        self.top = top
-        self._scope: Scope = under([str(top)])
+        self.root = root
+        self.top = root.path
+        self.skip = skip  # folders never walked (the data dir: the product's own files)
+        self.quiet_s = quiet_s  # a file changed this recently may be still being written: not read yet
+        self.unreadable: dict[str, str] = {}  # what the last walk could not read (kept, not pruned)
+        self._scope: Scope = under([str(self.top)])
+        self._still_moving = False  # this pass deferred a file: its prunes wait too (it may be a move's end)
         # Asked (from a worker thread) before rows are pruned: True keeps them for a later pass, their
         # paths in `deferred` (the watcher hints them again).
         self.hold_prunes: Callable[[], bool] = lambda: False
@@ -78,50 +76,95 @@ class FolderPass(ImageIndexer):
 
     async def full(self, stop: asyncio.Event, on_progress: ProgressCallback | None = None) -> IndexSummary:
         """Walk the whole folder; prune rows under it whose files are gone."""
-        entries, refused = await asyncio.to_thread(walk_folder, self.top)
+        found, _ = await asyncio.to_thread(self.root.walk, None, skip=self.skip, quiet_s=self.quiet_s)
         self._hinted = None
-        return await self._pass(entries, refused, under([str(self.top)]), stop, on_progress)
+        return await self._pass(found, under([str(self.top)]), stop, on_progress)
 
     async def hinted(self, paths: Iterable[str], stop: asyncio.Event) -> IndexSummary:
         """Look at these paths only; prune rows at or under them whose files are gone."""
-        entries, refused, scope = await asyncio.to_thread(hinted_entries, self.top, list(paths))
+        found, scope = await asyncio.to_thread(self.root.walk, list(paths), skip=self.skip, quiet_s=self.quiet_s)
         self._hinted = scope
-        return await self._pass(entries, refused, under(scope), stop, None)
+        return await self._pass(found, under(scope), stop, None)
 
     async def _pass(
-        self,
-        entries: list[SourceEntry],
-        refused: list[tuple[str, str]],
-        scope: Scope,
-        stop: asyncio.Event,
-        on_progress: ProgressCallback | None,
+        self, found: Walk, scope: Scope, stop: asyncio.Event, on_progress: ProgressCallback | None
     ) -> IndexSummary:
         started = time.perf_counter()
         self.undated, self.unhashed, self.copies = [], [], []  # per run in the pipeline: per pass here
+        self.unreadable = found.unreadable
+        settled, moving = await self._settle(found.recent, stop)
+        entries = found.entries + settled
         self.deferred = []
+        self._still_moving = bool(moving)
+        refused = found.refused
         self._scope = scope
-        self._listed = {str(entry.path) for entry in entries} | {path for path, _ in refused}
+        self._listed = {str(entry.path) for entry in entries} | {path for path, _ in refused} | set(moving)
         report = on_progress or (lambda _summary: None)
         summary = IndexSummary(total=len(entries) + len(refused), failures=list(refused))
         await self._real_run(entries, summary, stop, report, prune=True)
         self.restore_deleted = False  # `--restore-deleted` is for the first pass only
+        self.deferred = sorted(set(self.deferred) | set(moving))  # the watcher hints them: read once still
         summary.interrupted = stop.is_set()
         summary.seconds = time.perf_counter() - started
         report(summary)
         return summary
 
+    async def _settle(
+        self, recent: list[tuple[SourceEntry, tuple[int, int, int]]], stop: asyncio.Event
+    ) -> tuple[list[SourceEntry], list[str]]:
+        """Files that changed within the quiet period: looked at again one quiet period later; those
+        still the same are read now, the others (still being written) are left to the watcher's
+        quiet paths (indexer/debounce.py), which read them once they are still."""
+        if not recent:
+            return [], []
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), timeout=self.quiet_s)
+        still, moving = [], []
+        for entry, before in recent:
+            try:
+                info = os.stat(entry.path)
+            except OSError:
+                moving.append(str(entry.path))  # gone meanwhile: its hint decides
+                continue
+            if (info.st_size, info.st_mtime_ns, info.st_ino) == before:
+                still.append(entry)
+            else:
+                moving.append(str(entry.path))
+        return still, moving
+
+    # Every write of a pass is made only while the watched folder is still the pinned one: a folder
+    # swapped (for a link to another folder, for another folder) during the pass is never indexed
+    # through, and the pass stops (`RootMoved`) with nothing of the batch in hand committed.
+    def _commit(self, batch: list[PreparedFile], vectors: Any, summary: IndexSummary) -> None:
+        self.root.check()
+        super()._commit(batch, vectors, summary)
+
+    def _apply_move(self, payload: MovePayload) -> None:
+        self.root.check()
+        super()._apply_move(payload)
+
+    def _apply_moves(self, moves: FileMoves) -> None:  # a pass's moves by content (indexer/moves.py)
+        self.root.check()
+        super()._apply_moves(moves)
+
     def _prune(self) -> int:
+        """The one place a watcher decides what to prune: rows in this pass's scope whose files the
+        pinned folder says are gone (indexer/watch_root.py: unreadable is not gone), decided from
+        the pinned folder and committed only after checking again that it is still at its path."""
         if self._hinted is not None and all(os.path.lexists(p) and not os.path.isdir(p) for p in self._hinted):
             return 0  # every hinted path is a file that exists: no row at or under one can be gone
         states = self.service.file_states(self.collection)
-        gone = {path: state.id for path, state in states.items() if self._scope(path) and not os.path.exists(path)}
+        gone_paths = self.root.gone(path for path in states if self._scope(path))
+        gone = {path: states[path].id for path in gone_paths}
         # A file this pass listed and that is gone now moved (or went) while the pass ran, and so did
-        # any when hints arrived meanwhile: the new path may be among them, so these rows wait for the
-        # pass that finds it (which updates their paths: same item) or for the next one.
+        # any when hints arrived meanwhile or when this pass left a file still being written: the new
+        # path may be among them, so these rows wait for the pass that finds it (which updates their
+        # paths: same item) or for the next one.
         self.deferred = sorted(path for path in gone if path in self._listed)
-        if gone and self.hold_prunes():
+        if gone and (self.hold_prunes() or self._still_moving):
             self.deferred = sorted(gone)
         for path in self.deferred:
             del gone[path]
+        self.root.check()  # right before the prune commits: the folder decided on is still the one watched
         self.service.prune_copies(self.collection)
         return self.service.delete_items(list(gone.values()), reason="pruned") if gone else 0

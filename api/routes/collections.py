@@ -57,6 +57,7 @@ def _collection_out(info: CollectionInfo, default: bool, migrating: tuple[str, i
         created_at=info.created_at,
         suggested_min_score=dict(suggested_min_scores(info.model)),
         migration=migration,
+        degraded=info.degraded,
     )
 
 
