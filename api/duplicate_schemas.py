@@ -3,6 +3,7 @@ names as search results show them, never server paths. The rules are indexer/dup
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from datetime import datetime
 from typing import Literal
 
@@ -27,7 +28,10 @@ class DuplicateMemberOut(BaseModel):
     copy_of_item: bool = Field(
         description="Another file with the item's bytes: not an item of its own (deleting the item forgets it too)."
     )
-    keeper: bool = Field(description="The suggested one to keep: most pixels, then bytes, then metadata.")
+    keeper: bool = Field(
+        description="The suggested one to keep: the original (most real detail, not upscaled, lossless, higher "
+        "JPEG quality, richer metadata); the group's keeper_reason says which decided."
+    )
     score: float = Field(description="Cosine similarity with the keeper (1 for the same bytes).")
     hamming: int | None = Field(description="Perceptual-hash bits apart from the keeper; None without hashes.")
     filename: str | None = Field(None, description="File name (None for uploads).")
@@ -43,9 +47,41 @@ class DuplicateMemberOut(BaseModel):
     thumbnail_url: str | None
 
 
+class KeeperReasonOut(BaseModel):
+    code: Literal[
+        "more_detail",
+        "not_upscaled",
+        "lossless",
+        "higher_quality",
+        "more_metadata",
+        "more_bytes",
+        "oldest",
+        "same_bytes",
+    ] = Field(description="What told the keeper apart from the runner-up (indexer/keeper.py).")
+    text: str = Field(description="The same for people, with the measured values.")
+
+
+class CalibrationOut(BaseModel):
+    model: str = Field(description="The model id the calibration was measured with.")
+    generation: int
+    item_count: int = Field(description="Items in the collection when measured (measured again at 1.5× or 1/1.5).")
+    sampled: int = Field(description="Photos measured (edited copies embedded with the model).")
+    same_shot_low: float | None = Field(description="5th percentile of edited copies' cosine with their photo.")
+    different_photo_high: float | None = Field(
+        description="95th percentile of photos' cosine with their nearest other photo (not the same picture)."
+    )
+    threshold: float | None = Field(description="The similar-shots threshold chosen; null: the tier is off.")
+    resized_gate: float | None = Field(description="The cosine a resized pair must reach when the tier is off.")
+    reason: str
+    reason_code: Literal["calibrated", "overlap", "too_few"]
+    computed_at: str
+    version: int
+
+
 class DuplicateGroupOut(BaseModel):
     tier: TierName
     keeper: int = Field(description="The id of the suggested keeper (the first member).")
+    keeper_reason: KeeperReasonOut = Field(description="Why that member is suggested.")
     members: list[DuplicateMemberOut]
 
 
@@ -69,10 +105,24 @@ class DuplicatesResponse(BaseModel):
         description="Images without a perceptual hash yet (indexed before it existed): `cnclip index` of their "
         "folder adds it. They can be in no resized group."
     )
-    similar_threshold: float = Field(description="Cosine at which two photos count as similar shots.")
-    similar_threshold_source: Literal["measured", "unmeasured", "setting", "request", "raised"] = Field(
-        description="measured: on the demo gallery for this model; unmeasured: a default for models it was not "
-        "measured on; setting: CNCLIP_DUPLICATE_THRESHOLD; raised: raised to keep the pairs within memory."
+    similar_threshold: float | None = Field(
+        description="Cosine at which two photos count as similar shots; null: the similar tier is off (similar_note "
+        "says why)."
+    )
+    similar_threshold_source: Literal["calibrated", "off", "measured", "unmeasured", "setting", "request", "raised"] = (
+        Field(
+            description="calibrated: measured on this collection with its model (calibration); off: the calibration "
+            "found the model cannot separate shots from other photos here, or too few photos; measured: the demo "
+            "gallery's value for this model (not calibrated on this collection yet); unmeasured: a default for other "
+            "models; setting: CNCLIP_DUPLICATE_THRESHOLD; raised: raised to keep the pairs within memory."
+        )
+    )
+    similar_note: str | None = Field(
+        None, description="Why the similar tier is off, how the threshold was chosen, or why it is not calibrated."
+    )
+    resized_threshold: float | None = Field(None, description="The cosine a resized pair must reach too.")
+    calibration: CalibrationOut | None = Field(
+        None, description="The similar-shots calibration stored with the collection (docs/duplicates.md)."
     )
     hamming_threshold: int = Field(description="Most perceptual-hash bits apart for the resized tier.")
     max_group_size: int = Field(description="Most members of a resized or similar group.")
@@ -105,7 +155,10 @@ def _member_out(member: DuplicateMember) -> DuplicateMemberOut:
 
 def _group_out(group: DuplicateGroup) -> DuplicateGroupOut:
     return DuplicateGroupOut(
-        tier=group.tier, keeper=group.members[0].item.id, members=[_member_out(m) for m in group.members]
+        tier=group.tier,
+        keeper=group.members[0].item.id,
+        keeper_reason=KeeperReasonOut(code=group.keeper_reason.code, text=group.keeper_reason.text),  # type: ignore[arg-type]
+        members=[_member_out(m) for m in group.members],
     )
 
 
@@ -126,6 +179,9 @@ def duplicates_out(page: DuplicatesPage, timings: dict[str, float]) -> Duplicate
         unhashed=page.unhashed,
         similar_threshold=page.threshold,
         similar_threshold_source=page.threshold_source,
+        similar_note=page.similar_note,
+        resized_threshold=page.resized_gate,
+        calibration=None if page.calibration is None else CalibrationOut(**asdict(page.calibration)),
         hamming_threshold=page.hamming_threshold,
         max_group_size=page.max_group_size,
         timings=timings,

@@ -135,10 +135,17 @@ def search(
     sort: Annotated[
         Sort, typer.Option(help="relevance, taken (newest photo first) or added (newest indexed first).")
     ] = Sort.relevance,
+    exclude: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--exclude", "-x", help="Push away results matching this text (repeatable: -x 人 -x 车; at most 8)."
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Search an image collection with a text query (a quick check from the shell); the same
-    cutoff, orders and pages as the API's POST /v1/search/text."""
+    cutoff, orders, pages and exclusions as the API's POST /v1/search/text."""
+    from indexer.exclusion import excluded_texts
     from indexer.names import check_collection_name
     from indexer.paging import PageRequest
     from retrieval.errors import InvalidInput
@@ -149,7 +156,8 @@ def search(
         raise InvalidInput("the query is empty")
     page = PageRequest(k, offset, min_score, sort.order)
     page.check()  # before the model loads
-    out = asyncio.run(_search(storage_settings(), text.strip(), collection, page))
+    excluded = excluded_texts(exclude)  # likewise
+    out = asyncio.run(_search(storage_settings(), text.strip(), collection, page, excluded))
     if as_json:
         typer.echo(json.dumps(out, ensure_ascii=False))
         return
@@ -162,7 +170,9 @@ def search(
     typer.echo(f"{out['collection']}: {out['total']}{exact} results{hidden}{more}")
 
 
-async def _search(settings: StorageSettings, text: str, collection: str | None, page: PageRequest) -> dict[str, Any]:
+async def _search(
+    settings: StorageSettings, text: str, collection: str | None, page: PageRequest, excluded: tuple[str, ...] = ()
+) -> dict[str, Any]:
     from indexer.file_names import printable
     from indexer.runtime import open_runtime
 
@@ -170,7 +180,7 @@ async def _search(settings: StorageSettings, text: str, collection: str | None, 
         assert rt.service is not None
         await asyncio.to_thread(rt.service.resolve, collection, "images")  # before the model loads
         await rt.start_encoders()
-        found = await rt.service.search_text(text, collection, page)
+        found = await rt.service.search_text(text, collection, page, excluded=excluded)
     results = [
         {
             "id": f.item.id,
@@ -183,4 +193,10 @@ async def _search(settings: StorageSettings, text: str, collection: str | None, 
         for f in found.results
     ]
     totals = {"total": found.total, "total_exact": found.total_exact, "has_more": found.has_more}
-    return {"collection": found.collection.name, "results": results, **totals, "below_cutoff": found.below_cutoff}
+    return {
+        "collection": found.collection.name,
+        "results": results,
+        **totals,
+        "below_cutoff": found.below_cutoff,
+        "exclude": list(excluded),
+    }

@@ -1,6 +1,8 @@
 """`cnclip duplicates`: the near-duplicate groups of a collection on the terminal (or as JSON), the same
 answer as GET /v1/collections/{name}/duplicates, searched to the end (with a progress bar) instead of
-within a request's time budget. No model is loaded: the groups come from stored vectors and hashes."""
+within a request's time budget. The groups come from stored vectors and hashes; the model is loaded
+only to measure where similar shots start when the collection has no up-to-date calibration
+(indexer/duplicate_calibration.py; not with --threshold or CNCLIP_DUPLICATE_THRESHOLD)."""
 
 from __future__ import annotations
 
@@ -69,9 +71,34 @@ def duplicates(
 async def _find(settings: Any, request: tuple[str, Any, int, int, float | None], hash_missing: bool) -> DuplicatesPage:
     from indexer.runtime import open_runtime
 
+    if request[4] is None:
+        await _calibrate(settings, request[0])
     async with open_runtime(settings, encoder=False) as rt:  # stored vectors only: no vector store, no model
         assert rt.service is not None
         return await asyncio.to_thread(_search_to_the_end, rt.service, request, hash_missing)
+
+
+async def _calibrate(settings: Any, collection: str) -> None:
+    """Measure the similar-shots threshold with the collection's model when the stored one is missing
+    or stale (the model is loaded only then); a model that cannot be loaded here leaves the answer
+    to say the threshold is not calibrated."""
+    from indexer.runtime import open_runtime
+
+    async with open_runtime(settings, encoder=False) as rt:
+        assert rt.service is not None
+        name = rt.service.get(collection).name  # a missing collection is one line, before the model loads
+        _, stale = await asyncio.to_thread(rt.service.duplicate_calibration, name)
+    if stale is None or getattr(settings, "duplicate_threshold", None) is not None:
+        return
+    typer.echo(f"{name}: measuring where similar shots start with the collection's model ({stale})", err=True)
+    try:
+        async with open_runtime(settings) as rt:
+            assert rt.service is not None
+            await rt.service.calibrate_duplicates(name)
+            if (await asyncio.to_thread(rt.service.duplicate_calibration, name))[1] is not None:
+                typer.echo(f"{name}: not measured: the configured model is not the collection's", err=True)
+    except Exception as exc:  # noqa: BLE001 — optional: the answer then says it is not calibrated
+        typer.echo(f"{name}: similar shots not calibrated: {exc}", err=True)
 
 
 def _search_to_the_end(
@@ -111,15 +138,23 @@ def page_lines(page: DuplicatesPage) -> list[str]:
     """The page for people: one block per group (the keeper first), then the counts."""
     lines: list[str] = []
     for number, group in enumerate(page.groups, start=page.offset + 1):
-        lines.append(f"{number}. {TIER_TITLES[group.tier]} ({len(group.members)})")
+        lines.append(f"{number}. {TIER_TITLES[group.tier]} ({len(group.members)}); keep: {group.keeper_reason.text}")
         lines.extend(_member_line(m) for m in group.members)
     counts = ", ".join(f"{page.counts[t]} {TIER_TITLES[t]}" for t in TIERS)
     more = f"; next page: --offset {page.offset + page.limit}" if page.has_more else ""
     lines.append(f"{page.collection}: {counts}{more}")
-    source = {"measured": "measured for this model", "unmeasured": "NOT measured for this model"}.get(
-        page.threshold_source, page.threshold_source
-    )
-    lines.append(f"similar shots from cosine {page.threshold} ({source}); resized within {page.hamming_threshold} bits")
+    source = {
+        "measured": "measured for this model on the demo gallery",
+        "unmeasured": "NOT measured for this model",
+        "calibrated": "calibrated on this collection",
+    }.get(page.threshold_source, page.threshold_source)
+    if page.threshold is None:
+        lines.append(f"similar shots: OFF ({page.similar_note})")
+    else:
+        lines.append(f"similar shots from cosine {page.threshold} ({source})")
+        if page.similar_note:
+            lines.append(f"  {page.similar_note}")
+    lines.append(f"resized: within {page.hamming_threshold} bits and cosine {page.resized_gate}")
     if page.unhashed:
         lines.append(
             f"{page.unhashed} images have no perceptual hash yet: `cnclip index` their folders, or --hash-missing"
@@ -133,6 +168,7 @@ def page_json(page: DuplicatesPage) -> str:
         {
             "tier": g.tier,
             "keeper": g.members[0].item.id,
+            "keeper_reason": {"code": g.keeper_reason.code, "text": g.keeper_reason.text},
             "members": [
                 {
                     "id": m.item.id,
@@ -167,10 +203,20 @@ def page_json(page: DuplicatesPage) -> str:
             "unhashed": page.unhashed,
             "similar_threshold": page.threshold,
             "similar_threshold_source": page.threshold_source,
+            "similar_note": page.similar_note,
+            "resized_threshold": page.resized_gate,
+            "calibration": calibration_json(page),
             "hamming_threshold": page.hamming_threshold,
         },
         ensure_ascii=False,
     )
+
+
+def calibration_json(page: DuplicatesPage) -> dict[str, Any] | None:
+    """The stored calibration as `--json` and the API show it."""
+    from indexer.duplicate_calibration import summary
+
+    return summary(page.calibration)
 
 
 def register(app: typer.Typer) -> None:

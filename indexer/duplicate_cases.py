@@ -4,19 +4,29 @@ forget the copies `cnclip index` meets. Mixed into `CollectionService`, the one 
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
+import numpy as np
+
+from indexer import duplicate_calibration
+from indexer.duplicate_calibration import Calibration
 from indexer.duplicate_pages import TierChoice
 from indexer.duplicate_rows import FileCopy
 from indexer.duplicates import DuplicatesPage
 from indexer.errors import MediaChanged
 from indexer.names import check_collection_name
 from indexer.perceptual import phash_of_bytes
-from retrieval.errors import NotFound
+from indexer.use_cases import off_loop, warm
+from retrieval.errors import EncoderUnavailable, InvalidInput, NotFound
 
 if TYPE_CHECKING:
-    from indexer.types import Catalog, CollectionKind, CollectionState
+    from indexer.types import Catalog, CollectionInfo, CollectionKind, CollectionState, ItemRecord
+    from retrieval.types import Encoder
+
+CALIBRATION_BATCH = 32  # edited pictures per encoder call
+_CALIBRATING = threading.Lock()  # one calibration at a time in a process (others answer without waiting)
 
 
 class _Service(Protocol):
@@ -30,6 +40,10 @@ class _Service(Protocol):
     def check_kind(info: CollectionState, kind: CollectionKind, action: str) -> None: ...
 
     def _image_collection(self, name: str, action: str) -> str: ...
+
+    def encoder_for(self, info: CollectionInfo | CollectionState) -> Encoder: ...
+
+    async def _measure_calibration(self, target: str, encoder: Encoder) -> Calibration: ...
 
 
 class DuplicateCases:
@@ -61,6 +75,46 @@ class DuplicateCases:
             threshold=threshold,
             setting_threshold=self.duplicate_threshold,
         )
+
+    def duplicate_calibration(self: _Service, name: str) -> tuple[Calibration | None, str | None]:
+        """(the stored similar-shots calibration, why it must be measured again or None when it holds)."""
+        return self.catalog.duplicate_calibration(self._image_collection(name, "finding duplicates"))
+
+    async def calibrate_duplicates(self: _Service, name: str, *, force: bool = False) -> Calibration | None:
+        """Measure where similar shots start on this collection with its model
+        (indexer/duplicate_calibration.py) when none is stored or the stored one is stale (`force`:
+        always), and store it. Returns the calibration now stored (None: none, and this process does
+        not run the collection's model, so the finder falls back to the model's default)."""
+        target = self._image_collection(name, "finding duplicates")
+        stored, stale = await off_loop(self.catalog.duplicate_calibration, target)
+        if not force and (stale is None or self.duplicate_threshold is not None):
+            return stored  # fresh, or CNCLIP_DUPLICATE_THRESHOLD decides anyway
+        try:
+            encoder = warm(self.encoder_for(self.catalog.collection(target)))
+        except (EncoderUnavailable, InvalidInput):
+            return stored
+        if not _CALIBRATING.acquire(blocking=False):
+            return stored  # another request measures it now; this one answers as things stand
+        try:
+            return await self._measure_calibration(target, encoder)
+        finally:
+            _CALIBRATING.release()
+
+    async def _measure_calibration(self: _Service, target: str, encoder: Encoder) -> Calibration:
+        records = await off_loop(self.catalog.calibration_sample, target)
+        edited = await off_loop(_edited_pictures, self.catalog, records)
+        flat = [(item_id, data) for item_id, pictures in edited for data in pictures]
+        vectors: list[np.ndarray] = []
+        for start in range(0, len(flat), CALIBRATION_BATCH):
+            part = [data for _, data in flat[start : start + CALIBRATION_BATCH]]
+            vectors.append(np.asarray(await encoder.embed_images(part), dtype=np.float32))
+        stacked = np.concatenate(vectors) if vectors else np.empty((0, 0), np.float32)
+        measured: list[tuple[int, np.ndarray]] = []
+        row = 0
+        for item_id, pictures in edited:
+            measured.append((item_id, stacked[row : row + len(pictures)]))
+            row += len(pictures)
+        return await off_loop(self.catalog.finish_calibration, target, measured)
 
     def set_phashes(self: _Service, name: str, updates: Sequence[tuple[int, int]]) -> None:
         """Perceptual hashes of photos indexed before they existed (`cnclip index` reads their files again)."""
@@ -105,3 +159,21 @@ class DuplicateCases:
         state = self.catalog.collection(check_collection_name(name))
         self.check_kind(state, "images", action)
         return state.name
+
+
+def _edited_pictures(catalog: Catalog, records: list[ItemRecord]) -> list[tuple[int, list[bytes]]]:
+    """(item id, its edited copies) for each record whose verified bytes decode; others are left out."""
+    out: list[tuple[int, list[bytes]]] = []
+    for record in records:
+        try:
+            data = catalog.read_media(record)
+        except (NotFound, MediaChanged, OSError):
+            continue
+        image = duplicate_calibration.decode_for_edits(data)
+        if image is None:
+            continue
+        try:
+            out.append((record.id, duplicate_calibration.edits_of(image)))
+        except (OSError, ValueError):  # a mode Pillow cannot turn into RGB: left out
+            continue
+    return out

@@ -5,13 +5,14 @@
 2. `resized`: the same picture re-encoded, resized or saved in another format: perceptual hashes at
    most `HAMMING_THRESHOLD` bits apart (indexer/perceptual.py) whose vectors also pass the
    similar-shots threshold (a hash alone mistakes flat pictures, e.g. one shape in two colours).
-3. `similar`: similar shots: stored vectors at least the model's threshold apart (cosine,
-   retrieval/relevance.py `duplicate_threshold`), searched through a temporary vector index
+3. `similar`: similar shots: stored vectors at least the threshold apart (cosine, calibrated on the
+   collection with its model: indexer/duplicate_calibration.py; off when the model cannot separate
+   shots from other photos there), searched through a temporary vector index
    (indexer/near_vectors.py). Each `resized` group takes part through its keeper only, so a picture is
    in one group of a tier and a resized copy is not shown again as a similar shot.
 
 Groups are cliques (indexer/grouping.py): never chains; each member's score is against the keeper
-(most pixels, then bytes, then metadata). Pages follow a stable order: tiers in the order above,
+(the original: indexer/keeper.py, with its reason). Pages follow a stable order: tiers in the order above,
 then largest group first, then smallest id.
 
 Computed once per collection version and cached (the last `CACHE_SIZE` answers: id lists only). A
@@ -30,17 +31,21 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from indexer import duplicate_rows
+from indexer import duplicate_calibration, duplicate_rows
+from indexer.duplicate_calibration import Calibration
 from indexer.duplicate_pages import TIERS, Tier, TierChoice, check_page
+from indexer.errors import MediaChanged
 from indexer.grouping import complete_linkage, group_order, keeper_order
+from indexer.keeper import SAME_BYTES, KeeperReason, PictureQuality, choose_keeper, picture_quality, recorded_quality
 from indexer.near_vectors import NEIGHBOURS, ShotSearch
 from indexer.perceptual import HAMMING_THRESHOLD, hamming, near_pairs
 from indexer.types import CollectionState, ItemRecord, TakenSource
-from retrieval.errors import Overloaded
+from retrieval.errors import NotFound, Overloaded
 from retrieval.relevance import duplicate_threshold
 
 if TYPE_CHECKING:
@@ -48,6 +53,8 @@ if TYPE_CHECKING:
 
 MAX_GROUP_SIZE = NEIGHBOURS // 2  # members, the keeper included (copies of one file are not capped)
 CACHE_SIZE = 4
+QUALITY_CACHE = 4096  # members' measured qualities kept (by id and sha256)
+ThresholdSource = Literal["calibrated", "off", "measured", "unmeasured", "setting", "request", "raised"]
 LOCK_WAIT_S = 30.0
 
 
@@ -71,6 +78,7 @@ class DuplicateMember:
 class DuplicateGroup:
     tier: Tier
     members: list[DuplicateMember]  # the suggested keeper first
+    keeper_reason: KeeperReason = SAME_BYTES  # why the first member is suggested (indexer/keeper.py)
 
 
 @dataclass(frozen=True)
@@ -86,10 +94,14 @@ class DuplicatesPage:
     examined: int  # items whose similar shots were searched
     searchable: int  # items the similar-shots search covers (a resized group counts once)
     unhashed: int  # images without a perceptual hash yet (`cnclip index` of their folder adds it)
-    threshold: float  # cosine where similar shots start (raised when the pairs would outgrow memory)
-    threshold_source: Literal["measured", "unmeasured", "setting", "request", "raised"]
+    threshold: float | None  # cosine where similar shots start (raised when the pairs would outgrow memory);
+    # None: the similar tier is off (the calibration found the model cannot separate shots from photos here)
+    threshold_source: ThresholdSource
     hamming_threshold: int
     max_group_size: int
+    calibration: Calibration | None = None  # the stored measurement (indexer/duplicate_calibration.py)
+    similar_note: str | None = None  # why the similar tier is off, or why its threshold is not calibrated
+    resized_gate: float | None = None  # the cosine a resized pair must reach
 
     @property
     def has_more(self) -> bool:
@@ -125,7 +137,9 @@ class DuplicateFinder:
     def __init__(self, catalog: SqlCatalog) -> None:
         self.catalog = catalog
         self._lock = threading.Lock()
-        self._cache: OrderedDict[tuple[int, float], _Snapshot] = OrderedDict()
+        self._cache: OrderedDict[tuple[int, float | None, float], _Snapshot] = OrderedDict()
+        self._qualities: OrderedDict[tuple[int, str | None, bool], PictureQuality] = OrderedDict()
+        self._qualities_lock = threading.Lock()
 
     def find(
         self,
@@ -141,12 +155,15 @@ class DuplicateFinder:
         """One page of the collection's groups (see the module docstring). `budget_s`: how long the
         similar-shots search may run now (None: until done)."""
         check_page(tier, offset, limit, budget_s, threshold)
-        value, source = self._threshold(state.model, threshold, setting_threshold)
+        stored = self._calibration(state)
+        value, source, note = self._threshold(state.model, threshold, setting_threshold, stored)
+        # A resized pair must reach the similar-shots threshold; with the tier off, what edits of a photo score.
+        gate = value if value is not None else (stored.resized_gate if stored and stored.resized_gate else 1.0)
         if not self._lock.acquire(timeout=LOCK_WAIT_S):
             raise Overloaded("another duplicate search is running; retry in a moment", retry_after=5.0)
         try:
             deadline = None if budget_s is None else time.monotonic() + budget_s
-            snapshot = self._snapshot(self.catalog.collection(state.name), value)
+            snapshot = self._snapshot(self.catalog.collection(state.name), value, gate)
             for other in self._cache.values():
                 if other is not snapshot:
                     other.shots.release()  # one index in memory at a time
@@ -158,7 +175,8 @@ class DuplicateFinder:
                 "similar": sorted(snapshot.similar_groups(), key=group_order),
             }
             shots = snapshot.shots
-            complete, examined, searchable, used = shots.complete, shots.cursor, len(shots.ids), shots.threshold
+            complete, examined, searchable = shots.complete, shots.cursor, len(shots.ids)
+            used = shots.threshold if value is not None else None
         finally:
             self._lock.release()
         listing = [(t, group) for t in TIERS if tier in ("all", t) for group in tiers[t]]
@@ -175,26 +193,49 @@ class DuplicateFinder:
             examined=examined,
             searchable=searchable,
             unhashed=duplicate_rows.unhashed_count(self.catalog.engine, state.id),
-            threshold=round(used, 6),
-            threshold_source="raised" if used > value else source,
+            threshold=None if used is None else round(used, 6),
+            threshold_source="raised" if used is not None and value is not None and used > value else source,
             hamming_threshold=HAMMING_THRESHOLD,
             max_group_size=MAX_GROUP_SIZE,
+            calibration=stored,
+            similar_note=note,
+            resized_gate=round(gate, 6),
         )
+
+    def _calibration(self, state: CollectionState) -> Calibration | None:
+        """The stored calibration when it was measured with the collection's current model."""
+        stored = duplicate_calibration.load(self.catalog.engine, state.id)
+        if stored is not None and (stored.model, stored.generation) != (state.model, state.generation):
+            return None  # measured with another model: not this one's threshold
+        return stored
 
     @staticmethod
     def _threshold(
-        model: str, requested: float | None, setting: float | None
-    ) -> tuple[float, Literal["measured", "unmeasured", "setting", "request"]]:
+        model: str, requested: float | None, setting: float | None, stored: Calibration | None
+    ) -> tuple[float | None, ThresholdSource, str | None]:
+        """(the similar-shots threshold or None when the tier is off, where it came from, a note): a
+        request's, else CNCLIP_DUPLICATE_THRESHOLD, else the collection's calibration, else (never
+        measured with this model: a process without it) the model's default."""
         if requested is not None:
-            return requested, "request"
-        if setting is not None:  # CNCLIP_DUPLICATE_THRESHOLD: overrides the model's
-            return setting, "setting"
+            return requested, "request", None
+        if setting is not None:  # CNCLIP_DUPLICATE_THRESHOLD: overrides the calibration
+            return setting, "setting", None
+        if stored is not None and stored.reason_code == "calibrated" and stored.threshold is not None:
+            return stored.threshold, "calibrated", stored.reason
+        if stored is not None and stored.reason_code == "overlap":
+            return None, "off", stored.reason
         value, measured = duplicate_threshold(model)
-        return value, "measured" if measured else "unmeasured"
+        note = (
+            stored.reason
+            if stored is not None
+            else "not calibrated on this collection yet (it needs the collection's model: the server, or "
+            "`cnclip duplicates` with that model configured, measures it)"
+        )
+        return value, "measured" if measured else "unmeasured", note
 
     # --- the cached answer ------------------------------------------------------------------------
-    def _snapshot(self, state: CollectionState, threshold: float) -> _Snapshot:
-        key = (state.id, threshold)
+    def _snapshot(self, state: CollectionState, threshold: float | None, gate: float) -> _Snapshot:
+        key = (state.id, threshold, gate)
         snapshot = self._cache.get(key)
         if snapshot is not None and snapshot.vector_key == state.vector_key:
             self._cache.move_to_end(key)
@@ -205,9 +246,11 @@ class DuplicateFinder:
                 snapshot.removed.update(int(i) for i in deleted)
                 snapshot.version = state.version
                 return snapshot
-        resized = self._resized(state.id, threshold)
+        resized = self._resized(state.id, gate)
         others = {i for group in resized for i in group[1:]}  # a resized group is searched through its keeper
         ids = np.array([i for i in self.catalog.rows.ids(state.id).tolist() if i not in others], dtype=np.int64)
+        if threshold is None:  # the similar tier is off: nothing to search
+            ids, threshold = ids[:0], 1.0
         snapshot = _Snapshot(
             state.vector_key, state.version, resized, ShotSearch(ids, self.catalog.rows.vectors, threshold, state.dim)
         )
@@ -254,14 +297,40 @@ class DuplicateFinder:
                 if item is not None:
                     groups.append(_identical_group(item, copies.get(item.id, [])))
                 continue
-            kept = sorted((i for i in group if i in records), key=lambda i: keeper_order(records[i]))
-            if len(kept) < 2:
+            present_members = [records[i] for i in group if i in records]
+            if len(present_members) < 2:
                 continue
-            keeper = kept[0]
-            members = [_member(records[i], i == keeper, vectors, hashes, keeper) for i in kept]
+            # Detail (a decode per member) matters only when the members differ in size.
+            detail = (
+                len({(max(m.width or 0, m.height or 0), min(m.width or 0, m.height or 0)) for m in present_members}) > 1
+            )
+            ordered, reason = choose_keeper(present_members, partial(self._quality, detail=detail))
+            keeper = ordered[0].id
+            members = [_member(item, item.id == keeper, vectors, hashes, keeper) for item in ordered]
             members[1:] = sorted(members[1:], key=lambda m: (-m.score, m.item.id))
-            groups.append(DuplicateGroup(tier, members))
+            groups.append(DuplicateGroup(tier, members, reason))
         return groups
+
+    def _quality(self, item: ItemRecord, detail: bool) -> PictureQuality:
+        """A member's measured quality (indexer/keeper.py), from its verified bytes, cached by id,
+        sha256 and whether its detail was measured; what the catalog recorded when the bytes cannot
+        be read."""
+        key = (item.id, item.sha256, detail)
+        with self._qualities_lock:
+            found = self._qualities.get(key)
+            if found is not None:
+                self._qualities.move_to_end(key)
+                return found
+        try:
+            data = self.catalog.read_media(item)
+        except (NotFound, MediaChanged, OSError):
+            return recorded_quality(item)
+        found = picture_quality(data, item, detail=detail)
+        with self._qualities_lock:
+            self._qualities[key] = found
+            while len(self._qualities) > QUALITY_CACHE:
+                self._qualities.popitem(last=False)
+        return found
 
 
 def _member(

@@ -53,8 +53,9 @@ def richness(item: ItemRecord) -> int:
 
 
 def keeper_order(item: ItemRecord) -> tuple[int, int, int, int]:
-    """Sort key, the suggested keeper first: most pixels, then most bytes (the less compressed of
-    two encodings of one picture), then the richest metadata, then the oldest item."""
+    """Sort key from the catalog's records alone: most pixels, then most bytes, then the richest
+    metadata, then the oldest item. Orders a group's ids while it is built; the keeper a page shows
+    is chosen from the members' bytes (indexer/keeper.py)."""
     pixels = (item.width or 0) * (item.height or 0)
     return (-pixels, -(item.size or 0), -richness(item), item.id)
 

@@ -18,6 +18,7 @@ class IndexSummary:
     unchanged: int = 0
     duplicates: int = 0  # same bytes as another file of the collection
     not_images: int = 0  # folder files that are not images at all (not reported as failures)
+    raw_companions: int = 0  # camera RAWs beside a JPEG/HEIC of the same shot: one photo (indexer/raw_companions.py)
     deleted_before: int = 0  # bytes a user deleted from the collection: not added again
     pruned: int = 0
     would_index: int = 0  # --dry-run: images a real run would embed (read, decoded, hashed, deduplicated like one)
@@ -32,7 +33,7 @@ class IndexSummary:
 
     @property
     def skipped(self) -> int:
-        return self.unchanged + self.duplicates + self.not_images + self.deleted_before
+        return self.unchanged + self.duplicates + self.not_images + self.deleted_before + self.raw_companions
 
     @property
     def done(self) -> int:

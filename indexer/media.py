@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from indexer.disk_full import StorageFull, is_storage_full, write_atomically
+from retrieval.raw_photos import RAW_MIMES
 
 EXTENSIONS = {
     "image/jpeg": ".jpg",
@@ -25,6 +26,9 @@ EXTENSIONS = {
     "image/webp": ".webp",
     "image/gif": ".gif",
     "image/bmp": ".bmp",
+    "image/heif": ".heic",
+    "image/avif": ".avif",
+    **{mime: f".{kind.lower()}" for kind, mime in RAW_MIMES.items()},
 }
 
 LOCK_NAME = ".lock"  # media/.lock: shared by writers until commit, exclusive for the sweep

@@ -66,6 +66,13 @@ def library(catalog: Catalog) -> None:
     sha = catalog.get(added[0].id).sha256 or ""
     root = "/srv/photos"
     service.record_copies("library", [FileCopy(sha, f"{root}/2019/副本.jpg", root, 1234, 1.6e9)])
+    # The vectors are made up, not the server's model's: store the calibration such a model would have
+    # measured (threshold 0.93 between edits at 0.99 and other photos up to 0.87) instead of measuring noise.
+    from indexer import duplicate_calibration as calibration
+
+    state = catalog.collection("library")
+    measured = calibration.decide(state, len(images), np.full(10, 0.99), np.linspace(0.3, 0.9, 10), 10)
+    calibration.save(catalog.engine, state.id, measured)  # type: ignore[attr-defined]
 
 
 @pytest.fixture
@@ -98,6 +105,10 @@ def test_groups_by_tier_with_the_keeper_marked_and_pages(page: Page, width: int)
     assert len(shown[2]["members"]) == 3  # type: ignore[arg-type]
     first = page.locator(".dup-group").first
     expect(first.locator(".badge.copy")).to_have_count(1)
+    expect(first.locator(".dup-keeper-reason")).to_have_attribute("data-code", "same_bytes")
+    reasons = page.locator(".dup-group").nth(1).locator(".dup-keeper-reason")
+    expect(reasons).to_have_attribute("data-code", "more_detail")  # 320×240 over its 160×120 copy
+    expect(reasons).to_contain_text("建议保留：细节最多")
     expect(first.locator(".dup-member").nth(1).locator(".filename")).to_have_text("2019/副本.jpg")
     expect(first.locator(".dup-member").nth(1).locator(".dup-pick")).to_have_count(0)  # a copy is not an item
     expect(page.locator("#duplicates-view .results-title")).to_contain_text("共 12 组")
@@ -166,6 +177,22 @@ def test_a_partial_answer_offers_to_go_on(page: Page, width: int) -> None:
     page.click(".dup-continue")
     expect(page.locator(".dup-partial")).to_be_hidden()
     screenshot(page, f"duplicates_partial_{width}")
+
+
+def test_a_similar_tier_switched_off_says_why(page: Page, width: int) -> None:
+    def off(route: Route) -> None:
+        response = route.fetch()
+        body = response.json()
+        body.update(similar_threshold=None, similar_threshold_source="off")
+        body["calibration"].update(threshold=None, reason_code="overlap")
+        route.fulfill(response=response, json=body)
+
+    expect(page.locator(".dup-group")).to_have_count(10)
+    page.route("**/duplicates?*", off)
+    page.click("#dup-find")
+    expect(page.locator(".results-title:visible")).to_contain_text("相似照片已关闭：当前模型在这个集合上分不清")
+    page.unroute("**/duplicates?*")
+    screenshot(page, f"duplicates_similar_off_{width}")
 
 
 def test_a_refused_deletion_is_explained_in_chinese(page: Page, width: int, log: PageLog) -> None:

@@ -32,13 +32,16 @@ def test_duplicates_on_the_terminal_and_as_json(tmp_path: Path, database_url: st
 
     result = invoke(["duplicates", "--collection", "photos", "--tier", "identical"], env)
     assert result.exit_code == 0, result.output
-    lines = result.output.splitlines()
-    assert lines[0] == "1. identical bytes (3)"
+    # Before the groups: the calibration of the similar-shots threshold with the toy model (stderr).
+    assert result.output.splitlines()[0].startswith("photos: measuring where similar shots start")
+    lines = [line for line in result.output.splitlines() if not line.startswith("photos: measuring")]
+    assert lines[0] == "1. identical bytes (3); keep: the same bytes at every path: the item itself is kept"
     assert lines[1].lstrip().startswith("keep") and lines[1].endswith(str(folder / "0001.jpg"))
     assert [line.split()[0] for line in lines[2:4]] == ["copy", "copy"]
     assert lines[2].endswith("copy of 0001.jpg") and lines[3].endswith(str(folder / "old" / "0001.jpg"))
     assert "photos: 1 identical bytes, 0 the same picture, re-encoded or resized, 0 similar shots" in result.output
-    assert "NOT measured for this model" in result.output  # the toy model's threshold is a default
+    # 6 items are too few to calibrate: the toy model's default threshold, saying why.
+    assert "NOT measured for this model" in result.output and "too few photos to measure" in result.output
 
     as_json = invoke(["duplicates", "-c", "PHOTOS", "--json", "--threshold", "0.99"], env)
     assert as_json.exit_code == 0, as_json.output

@@ -66,6 +66,11 @@ function pageOptions(kind, collection) {
   return options;
 }
 
+// The "不要…" field: texts the results should not show, split at commas (, ， 、 ；), each once.
+function excludedTexts(field) {
+  return [...new Set(field.value.split(/[,，、;；]/).map((s) => s.trim()).filter(Boolean))];
+}
+
 // ---------------------------------------------------------------- text → image
 async function searchText(event) {
   event.preventDefault();
@@ -79,24 +84,32 @@ async function searchText(event) {
   }
   const collection = chosen($("#collection"));
   const request = { query, k: Number($("#k").value), collection, ...pageOptions("text", collection) };
+  const exclude = excludedTexts($("#exclude"));
+  if (exclude.length) request.exclude = exclude;
   const page = async (offset) => {
     const response = await view.run("正在搜索…", () => postJson("/v1/search/text", { ...request, offset }));
-    if (response) view.renderResults(response, `“${query}”`, page, offset > 0);
+    if (response) view.renderResults(response, title, page, offset > 0);
   };
+  const title = `“${query}”` + (exclude.length ? `，不要${exclude.map((t) => `“${t}”`).join("、")}` : "");
   await page(0);
 }
 
 // ---------------------------------------------------------------- image input: drop, paste, pick
+// What an <img> shows in every current browser (indexer/renditions.py BROWSER_MIMES).
+const BROWSER_MIMES = new Set(["image/jpeg", "image/png", "image/webp", "image/gif", "image/avif", "image/bmp"]);
+// Photos a browser may not label "image/…" (a camera RAW, HEIC on some systems): accepted by name.
+const PHOTO_NAMES = /\.(tiff?|heic|heif|hif|avif|dng|cr2|cr3|nef|arw|raf|orf|rw2)$/i;
+
 // Choosing an image only shows it; the caller decides what runs next.
 function setupDropZone(zone, input, view, onFile) {
   const preview = $(".preview", zone);
   const fileName = $(".file-name", zone);
   preview.addEventListener("error", () => {
-    preview.hidden = true; // a format the browser cannot show (TIFF): the file name says what was chosen
+    preview.hidden = true; // a format the browser cannot show (TIFF, HEIC, RAW): the file name says what was chosen
   });
   const accept = (file) => {
     if (!file) return;
-    if (!file.type.startsWith("image/") && !/\.tiff?$/i.test(file.name)) {
+    if (!file.type.startsWith("image/") && !PHOTO_NAMES.test(file.name)) {
       view.showError(new ApiError(0, "not_an_image", file.name));
       return;
     }
@@ -144,6 +157,7 @@ async function searchImage() {
   // Image → text scores are text-image cosines: the text cutoff; image → image: the image one.
   const options = target === "texts" ? { sort: "relevance" } : pageOptions("image", $("#collection").value);
   for (const [name, value] of Object.entries(options)) form.append(name, String(value));
+  for (const text of excludedTexts($("#image-exclude"))) form.append("exclude", text);
   const title = target === "texts" ? "匹配的文字" : "相似图片";
   const page = async (offset) => {
     form.set("offset", String(offset));
@@ -229,7 +243,8 @@ async function openItem(id) {
     not_found: "没有找到这张图片，它可能已被删除。",
   });
   if (!item || state.itemId !== id) return;
-  $("#item-image").src = item.image_url;
+  // HEIC, TIFF and camera RAW: the server's JPEG rendition (the original stays at image_url).
+  $("#item-image").src = BROWSER_MIMES.has(item.mime) ? item.image_url : `${item.image_url}?format=jpeg`;
   $("#item-image").alt = item.caption || item.filename || "";
   $("#item-caption").textContent = item.caption || item.filename || "（无描述）";
   $("#item-file").textContent = item.filename ? `文件：${item.path || item.filename}` : "";
@@ -322,7 +337,8 @@ function init() {
   }
   // Paste an image anywhere: it goes to the image tab that is open (image search by default).
   document.addEventListener("paste", (event) => {
-    const file = [...(event.clipboardData?.files || [])].find((f) => f.type.startsWith("image/"));
+    const pasted = [...(event.clipboardData?.files || [])];
+    const file = pasted.find((f) => f.type.startsWith("image/") || PHOTO_NAMES.test(f.name));
     if (!file) return;
     event.preventDefault();
     if (state.itemId || !views.duplicates.root.hidden) location.hash = "#/"; // leave the page for the tab

@@ -73,7 +73,10 @@ function renderDuplicates(body) {
   const root = dup.view.root;
   const title = $(".results-title", root);
   const counts = `相同文件 ${body.counts.identical} · 同一张图 ${body.counts.resized} · 相似照片 ${body.counts.similar}`;
-  const threshold = body.similar_threshold_source === "unmeasured" ? "（此模型的相似阈值未经实测）" : "";
+  let threshold = body.similar_threshold_source === "unmeasured" ? "（此模型的相似阈值未经实测）" : "";
+  if (body.similar_threshold === null) threshold = "（相似照片已关闭：当前模型在这个集合上分不清同一场景的另一张与不同的照片）";
+  const byDefault = ["measured", "unmeasured"].includes(body.similar_threshold_source);
+  if (byDefault && body.calibration && body.calibration.reason_code === "too_few") threshold = "（照片太少，相似阈值暂用模型的默认值）";
   title.textContent = `集合 ${body.collection}：共 ${body.total} 组（${counts}）${threshold}`;
   title.hidden = false;
   if (!body.complete) {
@@ -101,6 +104,18 @@ function renderDuplicates(body) {
   $(".dup-pager", root).hidden = body.total <= DUP_PAGE && body.offset === 0;
 }
 
+// indexer/keeper.py's reason codes: why the first member is the one to keep.
+const KEEPER_REASON = {
+  more_detail: "细节最多（不是放大的副本，也不是缩小的副本）",
+  not_upscaled: "没有被放大",
+  lossless: "无损格式，其余是有损重新压缩",
+  higher_quality: "JPEG 质量更高",
+  more_metadata: "元数据更完整（拍摄日期、GPS、相机）",
+  more_bytes: "文件更大",
+  oldest: "最早收录",
+  same_bytes: "字节完全相同，保留条目本身",
+};
+
 function groupCard(group, number) {
   const li = document.createElement("li");
   li.className = "dup-group";
@@ -110,6 +125,11 @@ function groupCard(group, number) {
   head.className = "dup-head";
   head.append(textLine("dup-tier", `${number}. ${TIER_LABEL[group.tier]}（${group.members.length} 张）`));
   head.append(textLine("dup-hint", TIER_HINT[group.tier]));
+  if (group.keeper_reason) {
+    const reason = textLine("dup-keeper-reason", `建议保留：${KEEPER_REASON[group.keeper_reason.code] || ""}（${group.keeper_reason.text}）`);
+    reason.dataset.code = group.keeper_reason.code;
+    head.append(reason);
+  }
   const members = document.createElement("ul");
   members.className = "dup-members";
   for (const member of group.members) members.append(memberCard(member));

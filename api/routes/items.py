@@ -9,7 +9,7 @@ missing or out of its folder 404; never other bytes, never a response cut short.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
@@ -17,13 +17,31 @@ from fastapi.responses import Response
 from api.deps import CollectionsDep, MetricsDep, ReadAccess, WriteAccess, run_blocking
 from api.guarded_route import GuardedRoute
 from api.media_response import media_response
-from api.schemas import MAX_K, MAX_OFFSET, MIN_SCORE_DOC, OFFSET_DOC, SORT_DOC, Deleted, ItemId, ItemOut, SearchResponse
+from api.schemas import (
+    EXCLUDE_DOC,
+    MAX_K,
+    MAX_OFFSET,
+    MIN_SCORE_DOC,
+    OFFSET_DOC,
+    SORT_DOC,
+    Deleted,
+    ItemId,
+    ItemOut,
+    SearchResponse,
+)
+from api.schemas import Query as QueryText
 from api.searching import StageTimer, item_out, page_out, to_search_filters
+from indexer.exclusion import MAX_EXCLUDED
 from indexer.paging import PageRequest, SortOrder
+from indexer.renditions import jpeg_rendition
 
 router = APIRouter(prefix="/v1/items", tags=["items"], route_class=GuardedRoute)
 
 _MEDIA_CACHE = {"Cache-Control": "private, max-age=86400"}
+_FORMAT_DOC = (
+    "`original` (default): the bytes as indexed, to download. `jpeg`: a JPEG of at most 2048 px on its longest "
+    "side, EXIF-oriented, for browsers that cannot show the original (HEIC, TIFF, camera RAW)."
+)
 
 
 @router.get("/{item_id}", response_model=ItemOut, dependencies=[ReadAccess])
@@ -32,10 +50,19 @@ async def get_item(item_id: ItemId, collections: CollectionsDep) -> ItemOut:
 
 
 @router.get("/{item_id}/image", response_class=Response, dependencies=[ReadAccess])
-async def get_image(item_id: ItemId, collections: CollectionsDep, request: Request) -> Response:
+async def get_image(
+    item_id: ItemId,
+    collections: CollectionsDep,
+    request: Request,
+    format: Annotated[Literal["original", "jpeg"], Query(description=_FORMAT_DOC)] = "original",  # noqa: A002
+) -> Response:
     """The original image bytes, while they are still the bytes that were indexed (410 once changed).
-    Single byte ranges are served (206); the ETag is the content's sha256."""
+    Single byte ranges are served (206); the ETag is the content's sha256. `format=jpeg`: a JPEG
+    rendition for browsers that cannot show the original (HEIC, TIFF, camera RAW)."""
     item, data = await run_blocking(collections.media, item_id)
+    if format == "jpeg":
+        jpeg = await run_blocking(jpeg_rendition, data, collections.max_image_pixels)
+        return media_response(request, jpeg, f"{item.sha256 or ''}-jpeg", "image/jpeg", _MEDIA_CACHE)
     media_type = item.mime or "application/octet-stream"
     return media_response(request, data, item.sha256 or "", media_type, _MEDIA_CACHE)
 
@@ -59,12 +86,14 @@ async def similar_items(
     sort: Annotated[SortOrder, Query(description=SORT_DOC)] = "relevance",
     taken_from: Annotated[datetime | None, Query(description="Taken at or after (ISO 8601).")] = None,
     taken_to: Annotated[datetime | None, Query(description="Taken at or before (ISO 8601).")] = None,
+    exclude: Annotated[list[QueryText] | None, Query(max_length=MAX_EXCLUDED, description=EXCLUDE_DOC)] = None,
 ) -> SearchResponse:
-    """Items of the same collection nearest to this one (itself left out), by its stored vector."""
+    """Items of the same collection nearest to this one (itself left out), by its stored vector;
+    `exclude` (repeated: `?exclude=人&exclude=车`) pushes results away from texts."""
     timer = StageTimer()
     page = PageRequest(k, offset, min_score, sort)
     filters = to_search_filters(None, taken_from, taken_to)
-    found = await run_blocking(collections.similar, item_id, page, filters, mark=timer.mark)
+    found = await collections.similar_to(item_id, page, filters, excluded=exclude or (), mark=timer.mark)
     timings = timer.finish()
     metrics.observe_stages("similar", timings)
     return page_out(found, timings)

@@ -9,9 +9,20 @@ from fastapi import APIRouter, File, Form, UploadFile
 
 from api.deps import CollectionsDep, MetricsDep, ReadAccess, SettingsDep, run_blocking
 from api.guarded_route import GuardedRoute
-from api.schemas import MAX_K, MAX_OFFSET, MIN_SCORE_DOC, OFFSET_DOC, SORT_DOC, SearchResponse, TextSearchRequest
+from api.schemas import (
+    EXCLUDE_DOC,
+    MAX_K,
+    MAX_OFFSET,
+    MIN_SCORE_DOC,
+    OFFSET_DOC,
+    SORT_DOC,
+    Query,
+    SearchResponse,
+    TextSearchRequest,
+)
 from api.searching import StageTimer, page_out, to_search_filters
 from api.uploads import inspect_image, read_upload
+from indexer.exclusion import MAX_EXCLUDED
 from indexer.names import COLLECTION_NAME_PATTERN
 from indexer.paging import PageRequest, SortOrder
 
@@ -24,7 +35,9 @@ async def search_text(body: TextSearchRequest, collections: CollectionsDep, metr
     timer = StageTimer()
     page = PageRequest(body.k, body.offset, body.min_score, body.sort)
     filters = to_search_filters(body.filters)
-    found = await collections.search_text(body.query, body.collection, page, filters, mark=timer.mark)
+    found = await collections.search_text(
+        body.query, body.collection, page, filters, excluded=body.exclude, mark=timer.mark
+    )
     timings = timer.finish()
     metrics.observe_stages("search_text", timings)
     return page_out(found, timings)
@@ -46,8 +59,10 @@ async def search_image(
     sort: Annotated[SortOrder, Form(description=SORT_DOC)] = "relevance",
     taken_from: Annotated[datetime | None, Form(description="Taken at or after (ISO 8601).")] = None,
     taken_to: Annotated[datetime | None, Form(description="Taken at or before (ISO 8601).")] = None,
+    exclude: Annotated[list[Query] | None, Form(max_length=MAX_EXCLUDED, description=EXCLUDE_DOC)] = None,
 ) -> SearchResponse:
-    """Similar images (target=images) or best-matching texts (target=texts) for an uploaded image."""
+    """Similar images (target=images) or best-matching texts (target=texts) for an uploaded image;
+    `exclude` (a repeated form field) pushes results away from texts."""
     timer = StageTimer()
     page = PageRequest(k, offset, min_score, sort)
     page.check()  # before the upload is read
@@ -55,7 +70,9 @@ async def search_image(
     await run_blocking(inspect_image, data, settings)
     timer.mark("read")
     filters = to_search_filters(None, taken_from, taken_to)
-    found = await collections.search_image(data, collection or None, target, page, filters, mark=timer.mark)
+    found = await collections.search_image(
+        data, collection or None, target, page, filters, excluded=exclude or (), mark=timer.mark
+    )
     timings = timer.finish()
     metrics.observe_stages(f"search_image_{target}", timings)
     return page_out(found, timings)
