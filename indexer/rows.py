@@ -31,7 +31,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from indexer.copy_rows import forget_copy_paths
-from indexer.deletion_rows import bump_version, delete_committed
+from indexer.deletion_rows import bump_version, delete_committed, delete_rows
 from indexer.lock_order import writer_slot
 from indexer.media_sweep import remove_unused_copies
 from indexer.models import CollectionRow, DeletedItemRow, ItemRow, ItemTagRow, VectorRow, utcnow
@@ -197,7 +197,7 @@ class ItemRows:
             replaced = sorted({int(r) for r in (replace or []) if r is not None})
             if replaced:
                 # Superseded rows go first so that the unique (collection, sha256) never trips on them.
-                self._delete_rows(session, collection.id, replaced, version, "replaced", remembered=False)
+                delete_rows(session, collection.id, replaced, version, "replaced", remembered=False)
                 known = {sha: i for sha, i in known.items() if i not in replaced}
             batch = NewRows(collection, version, known, deleted, self.media_dir, media_guard)
             for position, row in enumerate(rows):

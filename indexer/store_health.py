@@ -11,8 +11,9 @@ catches up with them once it opens. `GET /v1/collections/{name}` and `/metrics` 
 are degraded (docs/api.md).
 
 What is not the collection's fault is not recorded: the database being away (`DatabaseUnavailable`),
-another process holding the engine's storage (`VectorStoreBusy`), and the project's other errors
-(a request's invalid input) keep their own meaning.
+another process holding the engine's storage (`VectorStoreBusy`), the engine refusing one request for
+good (`VectorStoreIncompatible`, e.g. a filter its version cannot parse: 501) and the project's other
+errors (a request's invalid input) keep their own meaning.
 """
 
 from __future__ import annotations
@@ -22,7 +23,13 @@ import threading
 import time
 from dataclasses import dataclass
 
-from indexer.errors import CollectionUnavailable, DatabaseUnavailable, VectorStoreBusy, VectorStoreError
+from indexer.errors import (
+    CollectionUnavailable,
+    DatabaseUnavailable,
+    VectorStoreBusy,
+    VectorStoreError,
+    VectorStoreIncompatible,
+)
 from retrieval.errors import CnclipError
 
 log = logging.getLogger(__name__)
@@ -51,8 +58,8 @@ class Degraded:
 def is_collection_failure(exc: BaseException) -> bool:
     """Whether `exc`, raised by one collection's store, degrades that collection (see the module
     docstring for what does not)."""
-    if isinstance(exc, (DatabaseUnavailable, VectorStoreBusy)):
-        return False
+    if isinstance(exc, (DatabaseUnavailable, VectorStoreBusy, VectorStoreIncompatible)):
+        return False  # the database's, a moment's, or this request's (a filter the engine cannot run: 501)
     if isinstance(exc, CnclipError):
         return isinstance(exc, VectorStoreError)
     return isinstance(exc, Exception)

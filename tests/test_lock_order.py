@@ -221,23 +221,23 @@ def test_a_committed_delete_answers_its_count_when_the_clean_up_fails(
 
 def test_every_row_lock_is_taken_after_a_writer_slot() -> None:
     """Each function of indexer/ that bumps a collection's version (the row lock) takes a writer slot
-    first, or is a private helper whose callers in its module all do; and nothing hands the copy
+    first, or is a helper whose callers (in any module) all do; and nothing hands the copy
     clean-up a callback that asks the pool for a connection of its own."""
-    offenders: list[str] = []
+    functions: dict[tuple[str, str], str] = {}
     for path in sorted(INDEXER.glob("*.py")):
         tree = ast.parse(path.read_text(encoding="utf-8"))
-        functions = {
-            node.name: ast.unparse(node)
-            for node in ast.walk(tree)
-            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
-        }
-        for name, source in functions.items():
-            if name != "bump_version" and "bump_version(" in source and "writer_slot(" not in source:
-                callers = [c for n, c in functions.items() if n != name and f"{name}(" in c]
-                if not name.startswith("_") or not callers or any("writer_slot(" not in c for c in callers):
-                    offenders.append(f"{path.name}:{name} takes a row lock without a writer slot")
-            if "remove_unused_copies(" in source and ".uploads_in_use)" in source:
-                offenders.append(f"{path.name}:{name} asks the pool for a connection under the media lock")
+        for node in ast.walk(tree):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                functions[(path.name, node.name)] = ast.unparse(node)
+    offenders: list[str] = []
+    for (module, name), source in functions.items():
+        if name != "bump_version" and "bump_version(" in source and "writer_slot(" not in source:
+            # A helper that takes the lock for its callers: every caller (in any module) holds a slot.
+            callers = [c for key, c in functions.items() if key != (module, name) and f"{name}(" in c]
+            if not callers or any("writer_slot(" not in c for c in callers):
+                offenders.append(f"{module}:{name} takes a row lock without a writer slot")
+        if "remove_unused_copies(" in source and ".uploads_in_use)" in source:
+            offenders.append(f"{module}:{name} asks the pool for a connection under the media lock")
     assert not offenders, offenders
 
 
