@@ -46,6 +46,9 @@ def _open(record: ItemRecord, media_dir: Path) -> int:
         return open_inside(path, root)
     except FileRefused as exc:
         raise NotFound(f"the image file of item {record.id} {exc.reason}: not served") from exc
+    except OSError as exc:  # unreadable (EACCES, EIO): not served, and not said to be missing
+        reason = exc.strerror or type(exc).__name__
+        raise NotFound(f"the image file of item {record.id} cannot be read ({reason}): not served") from exc
 
 
 def _changed(record: ItemRecord) -> MediaChanged:

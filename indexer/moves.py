@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from indexer.duplicate_rows import FileCopy
 from indexer.names import check_collection_name
-from indexer.presence import file_gone
+from indexer.presence import file_gone, row_gone
 from indexer.reading import PreparedFile, read_file
 from indexer.sources import SourceEntry
 from indexer.thumbnails import thumbnail_path
@@ -54,7 +54,7 @@ if TYPE_CHECKING:
 Todo = list[tuple[SourceEntry, FileState | None]]
 Reader = Callable[[SourceEntry, FileState | None], PreparedFile | tuple[str, str] | None]
 CopiesOf = Callable[[Sequence[str]], dict[str, list[FileCopy]]]
-UNDECIDED = "not indexed yet: a file this run could not read may hold the bytes of this path's item"
+UNDECIDED = "not indexed yet: a file this run could not read (or that moved while it was read) may hold the bytes of this path's item"
 Known = Callable[[Sequence[str]], dict[str, tuple[str, FileState]]]  # sha256 -> (path, state) of indexed files
 
 
@@ -103,12 +103,15 @@ def plan_moves(
     threads: int = 2,
     known: Known | None = None,
     halted: Callable[[], bool] = lambda: False,
+    moving: Callable[[], bool] = lambda: False,
 ) -> MovePlan:
     """The moves of one pass (see the module docstring); `read` reads and hashes one file, `copies_of`
     gives the recorded copies of some bytes, `known` the indexed files with some bytes (sha256 -> (path,
     state)): a file of the pass with the bytes of an item whose path is not in the pass and changed
     brings that path into the pass (a watcher's hints may name one side of a swap first). A run
-    stopped meanwhile (`halted`) plans nothing: half a survey could take a moved item for replaced."""
+    stopped meanwhile (`halted`) plans nothing: half a survey could take a moved item for replaced.
+    `moving`: whether the folder changed while the pass ran (a watcher's hints arrived meanwhile): an
+    item found nowhere may then lie at a path this pass did not look at, so none is replaced."""
     stateful = {str(entry.path): state for entry, state in todo if state is not None}
     if not stateful:
         return MovePlan(todo)  # no path of the pass had an item: nothing can be displaced
@@ -145,17 +148,22 @@ def plan_moves(
     lost = {state.sha256: state for state in displaced.values() if state.id not in targets}
     if lost and copies_of is not None:
         targets.update(_at_copies(lost, copies_of(sorted(lost)), survey.paths, read))
-    blocked = _blocked(displaced, targets, survey.unread)
+    blocked = _blocked(displaced, targets, survey.unread, moving=survey.moving() or moving())
     return _plan(todo, stateful, hashed, displaced, targets, blocked)
 
 
-def _blocked(displaced: dict[str, FileState], targets: dict[int, PreparedFile], unread: dict[str, int]) -> set[str]:
+def _blocked(
+    displaced: dict[str, FileState], targets: dict[int, PreparedFile], unread: dict[str, int], moving: bool = False
+) -> set[str]:
     """The paths this pass leaves alone because a file it could not read (EACCES, EIO) may hold the
     bytes of a displaced item that was found nowhere else (its size is theirs): unreadable is not
     deleted, so that item is not replaced, no item moves onto its path, and an item that therefore
-    cannot move keeps its path too. Drops those moves from `targets`; the next pass decides."""
+    cannot move keeps its path too. Drops those moves from `targets`; the next pass decides.
+    `moving`: files of the pass were renamed or rewritten while it read them (a rename storm): what
+    it found nowhere may have been read under another name, so no displaced item found nowhere is
+    replaced by this pass either."""
     sizes = set(unread.values())
-    blocked = {path for path, state in displaced.items() if state.id not in targets and state.size in sizes}
+    blocked = {path for path, state in displaced.items() if state.id not in targets and (moving or state.size in sizes)}
     where = {state.id: path for path, state in displaced.items()}
     while cancelled := [item for item, prepared in targets.items() if str(prepared.entry.path) in blocked]:
         for item_id in cancelled:
@@ -177,12 +185,27 @@ class _Survey:
         self.hashed: dict[str, PreparedFile] = {}
         self.unread: dict[str, int] = {}  # path -> size of the files that could not be read (EACCES, EIO)
         self._tried: set[str] = set()
+        self._seen: dict[str, tuple[int, ...]] = {}  # path -> (device, inode, size, mtime, ctime) first seen
 
     def stat(self, todo: Todo) -> None:
         for entry, _ in todo:
             self.paths.add(str(entry.path))
             with contextlib.suppress(OSError):
-                self.now[str(entry.path)] = entry.path.stat().st_size
+                info = entry.path.stat()
+                self.now[str(entry.path)] = info.st_size
+                self._seen[str(entry.path)] = _identity(info)
+
+    def moving(self) -> bool:
+        """Whether a file of the pass is another one now (renamed over, rewritten, gone) than when the
+        pass first looked at it: then what the pass read is no snapshot of the folder."""
+        for path, seen in self._seen.items():
+            try:
+                info = os.stat(path)
+            except OSError:
+                return True
+            if _identity(info) != seen:
+                return True
+        return False
 
     def hash(self, todo: Todo, sizes: set[int | None]) -> None:
         """Read the files that had an item (what they hold now may be another item's bytes) and those
@@ -203,6 +226,12 @@ class _Survey:
                     self.hashed[str(prepared.entry.path)] = replace(prepared, data=b"")
                 elif isinstance(prepared, tuple) and prepared[1].startswith("cannot read"):
                     self.unread[str(entry.path)] = self.now[str(entry.path)]
+
+
+def _identity(info: os.stat_result) -> tuple[int, ...]:
+    """What changes when a file is renamed over (inode; a rename moves st_ctime too, so a swap and its
+    swap back are seen) or rewritten (size, mtime)."""
+    return info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns
 
 
 def _neighbours(
@@ -297,11 +326,12 @@ def settle_moves(
     dry_run: dict[str, tuple[int, str | None]] | None = None,
     halted: Callable[[], bool] = lambda: False,
     write: Callable[[FileMoves], None] | None = None,
+    moving: Callable[[], bool] = lambda: False,
 ) -> Todo:
     """Plan one pass's moves, write them (through `write`, the indexer's hook: a watcher checks its
     folder first) and count them; returns what is left to read. `dry_run`: a dry run's router contents
     (sha256 -> (item id, path)), updated with the moves instead of writing; `halted`: whether the run
-    was asked to stop."""
+    was asked to stop; `moving`: whether the folder changed meanwhile (see `plan_moves`)."""
     limit = service.max_image_bytes  # a larger file is refused unread (indexer/reading.py)
     plan = plan_moves(
         todo,
@@ -310,6 +340,7 @@ def settle_moves(
         threads,
         lambda shas: service.files_with(collection, shas),
         halted,
+        moving,
     )
     if dry_run is not None:
         plan.follow(dry_run)
@@ -327,7 +358,7 @@ def prunable(states: dict[str, FileState], contents: dict[str, tuple[int, str | 
     (`contents`: sha256 -> (item id, path) after the pass's moves and renames)."""
     count = 0
     for path, state in states.items():
-        if not file_gone(path):
+        if not row_gone(path, state.root):
             continue
         now = contents.get(state.sha256)
         moved = now is not None and now[0] == state.id and now[1] not in (None, path) and not file_gone(str(now[1]))

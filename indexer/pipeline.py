@@ -27,7 +27,7 @@ import numpy as np
 from indexer.duplicate_rows import FileCopy
 from indexer.index_summary import IndexSummary, ProgressCallback
 from indexer.moves import FileMoves, prunable, settle_moves, unchanged
-from indexer.presence import file_gone
+from indexer.presence import gone_error, row_gone
 from indexer.raw_companions import raw_companions
 from indexer.reading import PreparedFile, read_file, read_phash, read_taken
 from indexer.routing import FileRouter, MovePayload
@@ -121,7 +121,7 @@ class ImageIndexer:
             log.info("%s: %d deleted items may be indexed again", self.collection, restored)
         todo = self._plan(entries, self.service.file_states(self.collection), summary)
         moves = (self.service, self.collection, todo, summary, self.read_threads, None, stop.is_set, self._apply_moves)
-        todo = await asyncio.to_thread(settle_moves, *moves)  # moves by content, before anything is routed
+        todo = await asyncio.to_thread(settle_moves, *moves, self._folder_moving)  # by content, before routing
         report(summary)
         if self.undated and not stop.is_set():
             summary.dated = await asyncio.to_thread(self._date_unchanged, self.service.file_states(self.collection))
@@ -147,8 +147,9 @@ class ImageIndexer:
             state = states.get(str(entry.path))
             try:
                 stat = entry.path.stat()
-            except OSError as exc:
-                summary.failures.append((str(entry.path), f"cannot read: {exc.strerror or exc}"))
+            except OSError as exc:  # a walked file gone since the walk (renamed on): the prune decides
+                if entry.listed or not gone_error(exc):
+                    summary.failures.append((str(entry.path), f"cannot read: {exc.strerror or exc}"))
                 continue
             if state is not None and unchanged(state, stat):
                 summary.unchanged += 1
@@ -189,7 +190,7 @@ class ImageIndexer:
 
     def _prune(self) -> int:
         states = self.service.file_states(self.collection)
-        gone = [state.id for path, state in states.items() if file_gone(path)]  # indexer/presence.py
+        gone = [state.id for path, state in states.items() if row_gone(path, state.root)]  # indexer/presence.py
         copies = self.service.prune_copies(self.collection)
         if copies:
             log.info("%s: forgot %d copies whose files are gone", self.collection, copies)
@@ -356,6 +357,11 @@ class ImageIndexer:
     def _apply_moves(self, moves: FileMoves) -> None:
         """A pass's moves by content, in one transaction (indexer/moves.py)."""
         self.service.move_files(self.collection, moves)
+
+    def _folder_moving(self) -> bool:
+        """Whether the folder changed while this run read it (a watcher knows: its hints); then no
+        item found nowhere is replaced by the run's moves (indexer/moves.py)."""
+        return False
 
     def _apply_move(self, payload: MovePayload) -> None:
         updates, dates, deletes = payload

@@ -320,11 +320,16 @@ class ItemRows:
             ItemRow.taken_at.is_not(None),
             ItemRow.updated_at,
             ItemRow.phash.is_not(None),
+            ItemRow.root,
         ).where(ItemRow.collection_id == collection_id, ItemRow.path.is_not(None))
         with Session(self.engine) as session:
             return {
                 str(row[0]): FileState(
-                    *row[1:5], has_taken=bool(row[5]), recorded_at=_epoch(row[6]), has_phash=bool(row[7])
+                    *row[1:5],
+                    has_taken=bool(row[5]),
+                    recorded_at=_epoch(row[6]),
+                    has_phash=bool(row[7]),
+                    root=row[8],
                 )
                 for row in session.execute(query)
             }

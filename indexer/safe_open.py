@@ -12,6 +12,9 @@ the path again.
 Without a folder (rows indexed before storage v2, manifest entries) only a path without any symlink
 is opened, walked the same way from `/`. `O_NONBLOCK`: a FIFO swapped in must not hang the open (it
 is then refused as not a regular file).
+
+Unreadable is not missing: an error that does not say the file is gone (EACCES on the file or a
+folder on its way, EIO) is raised as the `OSError` it is, for the caller to report as such.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import os
 import stat
 from pathlib import Path
 
+from indexer.presence import gone_error
 from retrieval.errors import NotFound
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -48,8 +52,11 @@ def open_inside(path: Path, root: Path | None) -> int:
     try:
         real = absolute.resolve(strict=True)
         anchor = Path(root).resolve(strict=True) if root is not None else Path(absolute.anchor)
-    except (OSError, RuntimeError) as exc:  # missing, a dangling link, a symlink loop
+    except RuntimeError as exc:  # a symlink loop
         raise FileRefused("is missing") from exc
+    except OSError as exc:  # missing or a dangling link; anything else (EACCES, EIO) is raised as is
+        _refuse_if_gone(exc)
+        raise
     if root is None and real != absolute:
         raise FileRefused("goes through a symlink (and its indexed folder is unknown)")
     if not inside(real, anchor) or real == anchor:
@@ -68,7 +75,8 @@ def _walk(anchor: Path, parts: tuple[str, ...]) -> int:
     try:
         folder = os.open(anchor, _DIR_FLAGS)
     except OSError as exc:
-        raise FileRefused("is missing") from exc
+        _refuse_if_gone(exc)
+        raise
     try:
         for name in parts[:-1]:
             inner = os.open(name, _DIR_FLAGS, dir_fd=folder)
@@ -78,6 +86,15 @@ def _walk(anchor: Path, parts: tuple[str, ...]) -> int:
     except OSError as exc:
         if exc.errno in (errno.ELOOP, errno.ENOTDIR):  # a component became a symlink since it was resolved
             raise FileRefused("was replaced by a symlink while it was opened") from exc
-        raise FileRefused("is missing") from exc
+        _refuse_if_gone(exc)
+        raise
     finally:
         os.close(folder)
+
+
+def _refuse_if_gone(exc: OSError) -> None:
+    """`FileRefused` when the error says that the file is not there (indexer/presence.py's rule);
+    otherwise the caller raises the `OSError` itself: unreadable (EACCES, EIO) is not missing, and
+    an indexer that took it for missing would treat the file's item as gone."""
+    if gone_error(exc):
+        raise FileRefused("is missing") from exc

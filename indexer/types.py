@@ -150,6 +150,7 @@ class FileState:
     # (st_ctime, which no user can set back) is read again even with its old size and mtime.
     recorded_at: float | None = None
     has_phash: bool = True  # False: indexed before perceptual hashes existed (the next run hashes it)
+    root: str | None = None  # the folder it was indexed from (`cnclip index --prune` checks it is there)
 
 
 Progress = Callable[[int, int], None]  # (vectors added so far, vectors to add)

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 TEXT_BATCH = 64  # texts per encoder call when adding many
-SWAP_RETRIES = 2  # a search that meets a model generation swap embeds again with the new model
+SWAP_RETRIES = 2  # a search or an add that meets a model generation swap embeds again with the new model
 
 
 async def off_loop(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -198,11 +198,18 @@ class UseCases:
     ) -> AddResult:
         """Add one uploaded image whose header the caller read (`read_header`): its facts and EXIF
         date come from that one read; the encoder decodes the pixels once."""
-        target = await off_loop(self.writable, collection, "images")  # before any model work
-        vectors = await warm(self.encoder_for(target)).embed_images([data])
-        image = self.complete(NewImage(data=data, caption=caption, tags=list(tags)), header)
-        [added] = await off_loop(self.add_images, collection, [image], vectors, vector_key=target.vector_key)
-        return added
+        image: NewImage | None = None
+        for attempt in range(SWAP_RETRIES + 1):  # a swap (or the collection re-created) meanwhile: embed again
+            target = await off_loop(self.writable, collection, "images")  # before any model work
+            vectors = await warm(self.encoder_for(target)).embed_images([data])
+            image = image or self.complete(NewImage(data=data, caption=caption, tags=list(tags)), header)
+            try:
+                [added] = await off_loop(self.add_images, collection, [image], vectors, vector_key=target.vector_key)
+                return added
+            except GenerationMoved:
+                if attempt == SWAP_RETRIES:
+                    raise
+        raise AssertionError("unreachable")
 
     async def add_text_items(self: _Service, collection: str, texts: Sequence[NewText]) -> list[AddResult]:
         """Add texts to a text collection, embedded `TEXT_BATCH` at a time."""
@@ -210,6 +217,13 @@ class UseCases:
         added: list[AddResult] = []
         for start in range(0, len(texts), TEXT_BATCH):
             chunk = list(texts[start : start + TEXT_BATCH])
-            vectors = await warm(self.encoder_for(target)).embed_texts([t.text for t in chunk])
-            added += await off_loop(self.add_texts, collection, chunk, vectors, target.vector_key)
+            for attempt in range(SWAP_RETRIES + 1):  # as `add_upload`: a swap meanwhile, embed again
+                vectors = await warm(self.encoder_for(target)).embed_texts([t.text for t in chunk])
+                try:
+                    added += await off_loop(self.add_texts, collection, chunk, vectors, target.vector_key)
+                    break
+                except GenerationMoved:
+                    if attempt == SWAP_RETRIES:
+                        raise
+                    target = await off_loop(self.writable, collection, "texts")
         return added

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from indexer.index_summary import IndexSummary, ProgressCallback
-from indexer.moves import FileMoves
+from indexer.moves import UNDECIDED, FileMoves
 from indexer.pipeline import ImageIndexer
 from indexer.reading import PreparedFile
 from indexer.routing import MovePayload
@@ -67,6 +67,7 @@ class FolderPass(ImageIndexer):
         self.unreadable: dict[str, str] = {}  # what the last walk could not read (kept, not pruned)
         self._scope: Scope = under([str(self.top)])
         self._still_moving = False  # this pass deferred a file: its prunes wait too (it may be a move's end)
+        self._moved_meanwhile = False  # hints arrived while this pass planned its moves (`_folder_moving`)
         # Asked (from a worker thread) before rows are pruned: True keeps them for a later pass, their
         # paths in `deferred` (the watcher hints them again).
         self.hold_prunes: Callable[[], bool] = lambda: False
@@ -96,6 +97,7 @@ class FolderPass(ImageIndexer):
         entries = found.entries + settled
         self.deferred = []
         self._still_moving = bool(moving)
+        self._moved_meanwhile = False
         refused = found.refused
         self._scope = scope
         self._listed = {str(entry.path) for entry in entries} | {path for path, _ in refused} | set(moving)
@@ -103,7 +105,10 @@ class FolderPass(ImageIndexer):
         summary = IndexSummary(total=len(entries) + len(refused), failures=list(refused))
         await self._real_run(entries, summary, stop, report, prune=True)
         self.restore_deleted = False  # `--restore-deleted` is for the first pass only
-        self.deferred = sorted(set(self.deferred) | set(moving))  # the watcher hints them: read once still
+        # Moves that wait because the folder moved meanwhile (indexer/moves.py) are looked at again soon
+        # (those that wait for an unreadable file, at the next full pass: they would only wait again).
+        undecided = {path for path, why in summary.failures if why == UNDECIDED} if self._moved_meanwhile else set()
+        self.deferred = sorted(set(self.deferred) | set(moving) | undecided)  # the watcher hints them again
         summary.interrupted = stop.is_set()
         summary.seconds = time.perf_counter() - started
         report(summary)
@@ -146,6 +151,12 @@ class FolderPass(ImageIndexer):
     def _apply_moves(self, moves: FileMoves) -> None:  # a pass's moves by content (indexer/moves.py)
         self.root.check()
         super()._apply_moves(moves)
+
+    def _folder_moving(self) -> bool:
+        """Hints arrived during the pass (a rename storm): the bytes of an item this pass found nowhere
+        may be at a path it did not look at; that item waits (its path is hinted again)."""
+        self._moved_meanwhile = self._moved_meanwhile or self.hold_prunes()
+        return self._moved_meanwhile
 
     def _prune(self) -> int:
         """The one place a watcher decides what to prune: rows in this pass's scope whose files the

@@ -117,10 +117,10 @@ class PinnedRoot:
         try:
             fd = os.open(self.path, DIR_FLAGS)
         except OSError as exc:
-            if exc.errno in (errno.ENOENT, errno.EACCES, errno.EPERM):
-                state = RootState.GONE if exc.errno == errno.ENOENT else RootState.UNREADABLE
-            else:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                 state = RootState.REPLACED  # a symlink (ELOOP) or a file (ENOTDIR) at its path
+            else:  # anything else (EACCES, EIO, a stale handle) says nothing of what is there: as `state`
+                state = RootState.GONE if exc.errno == errno.ENOENT else RootState.UNREADABLE
             raise RootMoved(self, state) from exc
         try:
             info = os.fstat(fd)
@@ -237,7 +237,13 @@ class PinnedRoot:
         """Walk the folder open at `fd` (named `path`), depth first, holding one descriptor per level.
         `owned`: `fd` is closed here."""
         stack: list[tuple[int, str, Iterator[str], bool]] = []
-        subfolders = self._list(fd, path, found, quiet_s, now)
+        try:
+            subfolders = self._list(fd, path, found, quiet_s, now)
+        except OSError as exc:  # the folder cannot be listed (EIO…): unreadable, as any folder below
+            found.unreadable[path] = exc.strerror or str(exc)
+            if owned:
+                os.close(fd)
+            return
         stack.append((fd, path, iter(subfolders), owned))
         while stack:
             folder_fd, folder, names, close = stack[-1]

@@ -10,6 +10,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -172,3 +173,112 @@ def test_a_migration_beside_a_server_without_model_dirs_fails_no_search(
         assert not failed and len(answers) > 20, failed[:5]
         listed = httpx.get(base + "/v1/collections/photos").json()
         assert listed["dim"] == 16 and listed["items"] == 13
+
+
+@pytest.mark.parametrize("kind", ["images", "texts"])
+def test_an_add_that_meets_its_collection_recreated_embeds_again_instead_of_503(tmp_path: Path, kind: str) -> None:
+    """Another way the generation moves under a write: the collection is dropped and created again
+    (same name) while an upload or a text is being embedded. The add embeds again for the collection
+    now at that name and answers with it (it used to answer 503 `generation_moved`, the error of a
+    search that met a swap twice); nothing is left in the dropped one."""
+    from indexer.types import NewText
+    from retrieval.fake import FakeEncoder
+
+    class RecreatedOnce(FakeEncoder):
+        recreated = False
+
+        def _recreate(self) -> None:
+            if not self.recreated:
+                self.recreated = True
+                catalog.delete_collection("c")
+                catalog.create_collection("c", kind, "fake", 16)  # type: ignore[arg-type]
+
+        async def embed_images(self, images: object) -> object:  # type: ignore[override]
+            self._recreate()
+            return await super().embed_images(images)  # type: ignore[arg-type]
+
+        async def embed_texts(self, texts: object) -> object:  # type: ignore[override]
+            self._recreate()
+            return await super().embed_texts(texts)  # type: ignore[arg-type]
+
+    settings = Settings(_env_file=None, data_dir=tmp_path / "data")
+    catalog = open_test_catalog(settings)
+    try:
+        catalog.create_collection("c", kind, "fake", 16)  # type: ignore[arg-type]
+        first_id = catalog.collection("c").id
+        encoder = RecreatedOnce(dim=16)
+        service = CollectionService(catalog, encoder)
+
+        async def add() -> object:
+            await encoder.start()
+            if kind == "images":
+                return await service.add_upload("c", jpeg(1), read_header(jpeg(1)))
+            return (await service.add_text_items("c", [NewText("一只猫")]))[0]
+
+        added: Any = asyncio.run(add())
+        state = catalog.collection("c")
+        assert state.id != first_id and added.created
+        assert catalog.get_collection("c").items == 1
+        with catalog.engine.connect() as connection:  # the new row is the collection's now at that name
+            owner = connection.exec_driver_sql(f"SELECT collection_id FROM items WHERE id = {int(added.id)}").scalar()
+        assert owner == state.id
+    finally:
+        catalog.close()
+
+
+def test_a_recorded_directory_that_disappears_mid_load_keeps_the_old_generation_then_loads(
+    settings: Settings, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The recorded directory vanishes between the check of its files and the load (a volume
+    unmounted, a clean-up): the load fails with one line, searches are answered by the previous
+    generation meanwhile, never a failure; back at its path, the model is loaded at the next try."""
+    import shutil
+
+    from indexer import model_loader
+
+    recorded = tmp_path / "toy-vanishing"
+    recorded.mkdir()
+    write_toy_model(recorded, dim=16, seed=9, name="toy-vanishing", int8=False)
+    spare = tmp_path / "spare"
+    shutil.copytree(recorded, spare)
+    real_create = model_loader.create_encoder
+    vanished = threading.Event()
+
+    def vanishing(local: Any, observer: Any = None) -> Any:
+        if not vanished.is_set():
+            vanished.set()
+            shutil.rmtree(recorded)  # after `check_local_model` read every file
+        return real_create(local, observer)
+
+    monkeypatch.setattr(model_loader, "create_encoder", vanishing)
+    monkeypatch.setattr(model_loader, "RETRY_S", 0.5)
+
+    async def scenario() -> None:
+        async with open_runtime(settings) as rt:
+            service = rt.service
+            assert service is not None and service.model_loader is not None
+            service.create("photos", "images")
+            for n in range(4):
+                await service.add_upload("photos", jpeg(n), read_header(jpeg(n)))
+            await _migrate_beside(settings, recorded)
+            loader = service.model_loader
+            new_model = service.catalog.collection("photos").model
+            page = await service.search_text("照片", "photos", PageRequest(k=3))
+            assert page.collection.dim == 32 and len(page.results) == 3
+            await _until(lambda: vanished.is_set() and loader._attempts.get(new_model) is not None)
+            await _until(lambda: (a := loader._attempts.get(new_model)) is not None and a.state == "failed")
+            for _ in range(3):  # still answered, by the previous generation
+                page = await service.search_text("照片", "photos", PageRequest(k=3))
+                assert page.collection.dim == 32 and len(page.results) == 3
+            shutil.copytree(spare, recorded)  # back
+            await asyncio.sleep(0.6)
+            deadline = time.monotonic() + 60
+            while not any(e.dim == 16 for e in service.encoders.values()):
+                page = await service.search_text("照片", "photos", PageRequest(k=3))  # asks the loader again
+                assert len(page.results) == 3
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.2)
+            page = await service.search_text("照片", "photos", PageRequest(k=3))
+            assert page.collection.dim == 16
+
+    asyncio.run(scenario())

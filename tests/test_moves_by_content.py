@@ -342,3 +342,58 @@ def test_moves_never_hold_two_rows_at_one_path_mid_transaction(catalog: SqlCatal
     summary = index(service, folder, prune=True)
     assert summary.renamed == 5 and deletions(catalog) == []
     assert {sha: item for _, (item, sha) in snapshot(service).items()} == ids
+
+
+def test_a_file_edited_in_place_replaces_its_item_beside_a_renumbering(catalog: SqlCatalog, tmp_path: Path) -> None:
+    """A real change (new bytes at a path no other item moves to) goes through the pipeline's replace,
+    in the same run as moves by content: the edited file's old item is deleted as replaced, its new
+    bytes embedded once; the renumbered ones keep their items."""
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    for n in range(4):
+        (folder / f"{n}.jpg").write_bytes(jpeg(n))
+    service = service_for(catalog, FakeEncoder(DIM))
+    index(service, folder)
+    ids = {sha: item for _, (item, sha) in snapshot(service).items()}
+    rotate([folder / "0.jpg", folder / "1.jpg", folder / "2.jpg"])
+    (folder / "3.jpg").write_bytes(jpeg(30))  # edited in place: bytes that exist nowhere else
+    summary = index(service, folder, prune=True)
+    assert (summary.renamed, summary.changed, summary.pruned) == (3, 1, 0), summary
+    assert images(service) == 5
+    rows = snapshot(service)
+    assert rows[str(folder / "3.jpg")][1] == _sha(jpeg(30)) and rows[str(folder / "3.jpg")][0] not in ids.values()
+    assert deletions(catalog) == [(ids[_sha(jpeg(3))], "replaced")]
+    assert {sha: item for _, (item, sha) in rows.items() if sha != _sha(jpeg(30))} == {
+        sha: item for sha, item in ids.items() if sha != _sha(jpeg(3))
+    }
+
+
+def test_a_watcher_pass_replaces_nothing_while_the_folder_moves(catalog: SqlCatalog, tmp_path: Path) -> None:
+    """`mv a d; mv c a` (a name reused), met by a pass whose hints name only `a` while more hints
+    arrive (a rename storm): a's old item is found nowhere in that pass, but its bytes are at `d`,
+    which the pass did not look at. It is not replaced (it used to be: deleted, then embedded again
+    under a new id once `d` was seen); the path waits and is hinted again, and the pass that sees `d`
+    moves both items."""
+    from indexer.watch_pass import FolderPass
+    from indexer.watch_root import PinnedRoot
+
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    (folder / "a.bmp").write_bytes(bmp(1))
+    (folder / "c.bmp").write_bytes(bmp(2))
+    service = service_for(catalog, FakeEncoder(DIM))
+    index(service, folder)
+    ids = {sha: item for _, (item, sha) in snapshot(service).items()}
+    (folder / "a.bmp").rename(folder / "d.bmp")
+    (folder / "c.bmp").rename(folder / "a.bmp")
+    watcher_pass = FolderPass(service, "photos", PinnedRoot.pin(folder), batch_size=2)
+    watcher_pass.hold_prunes = lambda: True  # hints arrived while the pass ran
+    asyncio.run(watcher_pass.hinted([str(folder / "a.bmp")], asyncio.Event()))
+    assert deletions(catalog) == [] and images(service) == 2
+    assert str(folder / "a.bmp") in watcher_pass.deferred  # hinted again
+    watcher_pass.hold_prunes = lambda: False
+    paths = [str(folder / name) for name in ("a.bmp", "c.bmp", "d.bmp")]
+    later = asyncio.run(watcher_pass.hinted(paths, asyncio.Event()))
+    assert later.renamed == 2 and deletions(catalog) == [] and images(service) == 2
+    assert {sha: item for _, (item, sha) in snapshot(service).items()} == ids
+    assert snapshot(service)[str(folder / "d.bmp")] == (ids[_sha(bmp(1))], _sha(bmp(1)))

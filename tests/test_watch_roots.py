@@ -474,3 +474,220 @@ def test_every_way_the_root_stops_being_the_pinned_folder(tmp_path: Path) -> Non
     assert root.state() is RootState.HERE
     found, _ = root.walk()
     assert [str(e.path) for e in found.entries] == [str(folder / "0.jpg")]
+
+
+# --- unreadable is not missing: other ways (an I/O error, a file without read permission) -----------------
+def test_an_io_error_is_not_a_missing_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """EIO (a failing disk, a stale mount) when a file is opened: `cannot read`, never `missing` —
+    for indexing (indexer/moves.py keeps a displaced item whose bytes such a file may hold) and for
+    serving (404 saying so); presence still says the file is there."""
+    import errno
+
+    from indexer.media_check import read_media
+    from indexer.reading import read_file
+    from indexer.sources import SourceEntry
+    from indexer.types import ItemRecord
+    from retrieval.errors import NotFound
+
+    folder = tmp_path / "photos"
+    photos(folder, range(1))
+    sick = folder / "0.jpg"
+    real_open = os.open
+
+    def failing(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if str(path) == sick.name:
+            raise OSError(errno.EIO, "Input/output error")
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", failing)
+    read = read_file(SourceEntry(sick, root=folder), None)
+    assert isinstance(read, tuple) and read[1] == "cannot read: Input/output error", read
+    record = ItemRecord(1, "photos", "images", path=str(sick), root=str(folder), sha256="0" * 64, size=1)
+    with pytest.raises(NotFound, match="cannot be read"):
+        read_media(record, tmp_path / "media")
+    monkeypatch.undo()
+    assert not file_gone(str(sick))
+
+
+def test_a_watcher_survives_a_folder_that_cannot_be_listed(
+    catalog: SqlCatalog, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The watched folder's own listing fails (EIO) for a few passes: said once, nothing pruned, and
+    the watcher keeps watching (it used to die with the `OSError`)."""
+    import errno
+
+    folder = tmp_path / "photos"
+    mine = photos(folder, range(3)) | photos(folder / "sub", range(10, 12))
+    service = service_for(catalog, FakeEncoder(dim=16))
+    real_scandir = os.scandir
+    sick = threading.Event()
+
+    def failing(path: Any = None) -> Any:
+        if sick.is_set():
+            raise OSError(errno.EIO, "Input/output error")
+        return real_scandir(path) if path is not None else real_scandir()
+
+    monkeypatch.setattr(os, "scandir", failing)
+
+    async def scenario() -> None:
+        async with watching(service, folder) as w:
+            assert set(w.rows()) == mine
+            sick.set()
+            full = w.full_passes()
+            await until(lambda: w.full_passes() >= full + 2, 10)
+            assert set(w.rows()) == mine
+            sick.clear()
+            (folder / "after.jpg").write_bytes(jpeg(50))
+            await until(lambda: str(folder / "after.jpg") in w.rows(), 10)
+
+    with caplog.at_level(logging.WARNING, logger="indexer.watch"):
+        asyncio.run(scenario())
+    assert len(said(caplog, "Input/output error")) == 1
+
+
+def _index_as_nobody(top: str, data: str, results: Any) -> None:
+    """The child of the test below: warm the imports as root, drop to `nobody`, index, lock, index."""
+    warm = Path(tempfile.mkdtemp(prefix="cnclip-warm-"))
+    warmed = open_test_catalog(warm / "data", f"sqlite:///{warm / 'data' / 'catalog.db'}")
+    photos(warm / "photos", range(1))
+    asyncio.run(ImageIndexer(service_for(warmed, FakeEncoder(dim=16)), "photos").run(warm / "photos", prune=True))
+    warmed.close()
+    shutil.rmtree(warm)
+    os.setgroups([])
+    os.setgid(65534)
+    os.setuid(65534)
+    folder = Path(top)
+    catalog = open_test_catalog(Path(data), f"sqlite:///{data}/catalog.db")
+    service = service_for(catalog, FakeEncoder(dim=16))
+    report: dict[str, Any] = {}
+    try:
+        first = asyncio.run(ImageIndexer(service, "photos").run(folder, prune=True))
+        report["first"] = (sorted(service.file_states("photos")), first.failures)
+        ids = {path: state.id for path, state in service.file_states("photos").items()}
+        # a and b swap names (their sizes differ), and b cannot be read; two folders lose permissions
+        (folder / "a.jpg").rename(folder / "t.jpg")
+        (folder / "b.jpg").rename(folder / "a.jpg")
+        (folder / "t.jpg").rename(folder / "b.jpg")
+        os.chmod(folder / "b.jpg", 0)
+        os.chmod(folder / "listable", 0o400)  # names can be listed, not looked at
+        os.chmod(folder / "locked", 0)
+        locked = asyncio.run(ImageIndexer(service, "photos").run(folder, prune=True))
+        report["locked"] = ({p: s.id for p, s in service.file_states("photos").items()} == ids, locked.failures)
+        report["deletions_locked"] = locked.pruned
+        for path, mode in ((folder / "b.jpg", 0o644), (folder / "listable", 0o755), (folder / "locked", 0o755)):
+            os.chmod(path, mode)
+        settled = asyncio.run(ImageIndexer(service, "photos").run(folder, prune=True))
+        now = {p: s.id for p, s in service.file_states("photos").items()}
+        report["settled"] = (
+            settled.renamed,
+            now[str(folder / "a.jpg")] == ids[str(folder / "b.jpg")],
+            sorted(now.values()) == sorted(ids.values()),
+        )
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        report["error"] = traceback.format_exc()
+    finally:
+        catalog.close()
+    results.put(report)
+
+
+def test_cnclip_index_as_a_user_who_is_not_root_keeps_what_it_cannot_read(nobodys_dir: Path) -> None:
+    """`cnclip index --prune` as `nobody`: a swap whose one side is `chmod 000` deletes nothing (an
+    unreadable file is not a missing one), a folder that can be listed but not searched (0400) and a
+    `chmod 000` folder are said (`cannot read`), not a traceback, and nothing under them is pruned;
+    once readable, the swap settles by content."""
+    folder, data = nobodys_dir / "photos", nobodys_dir / "data"
+    folder.mkdir()
+    (folder / "a.jpg").write_bytes(jpeg(1, (24, 16)))
+    (folder / "b.jpg").write_bytes(jpeg(2, (40, 16)))
+    made = photos(folder / "listable", range(10, 12)) | photos(folder / "locked", range(20, 22))
+    data.mkdir()
+    for path in [
+        folder,
+        folder / "listable",
+        folder / "locked",
+        data,
+        folder / "a.jpg",
+        folder / "b.jpg",
+        *map(Path, made),
+    ]:
+        os.chown(path, 65534, 65534)
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    child = context.Process(target=_index_as_nobody, args=(str(folder), str(data), results))
+    child.start()
+    report = results.get(timeout=180)
+    child.join(30)
+    assert "error" not in report, report.get("error")
+    assert len(report["first"][0]) == 6 and report["first"][1] == []
+    kept, failures = report["locked"]
+    assert kept and report["deletions_locked"] == 0, report
+    said_about: dict[str, list[str]] = {}
+    for path, why in failures:
+        said_about.setdefault(Path(path).name, []).append(why.split(";")[0])
+    assert said_about["b.jpg"] and all(
+        why.startswith(("cannot read", "not indexed yet")) for why in said_about["b.jpg"]
+    )
+    assert said_about["locked"] == said_about["10.jpg"] == said_about["11.jpg"] == ["cannot read: Permission denied"]
+    assert report["settled"] == (2, True, True), report
+
+
+@pytest.mark.parametrize("away", ["symlinked", "parent-symlinked", "renamed-away"])
+def test_cnclip_index_prune_keeps_the_rows_of_a_folder_that_is_away(
+    any_catalog: SqlCatalog, tmp_path: Path, away: str
+) -> None:
+    """`cnclip index --prune` prunes the rows of every folder of the collection whose files are gone,
+    but a folder that is itself away is not a folder whose files were all deleted: swapped for a
+    symlink to another folder (itself or one above it: `mv srv srv.real; ln -s /other srv`), or
+    renamed away / unmounted, while another folder of the collection is indexed with `--prune`.
+    Its rows stay (they used to be pruned, and embedded again under new ids once it was back)."""
+    service = service_for(any_catalog, FakeEncoder(dim=16))
+    folder = tmp_path / "srv" / "photos"
+    mine = photos(folder, range(3))
+    other = photos(tmp_path / "other", range(10, 12))
+    photos(tmp_path / "elsewhere" / "photos", range(100, 102))
+    asyncio.run(ImageIndexer(service, "photos").run(folder, prune=True))
+    asyncio.run(ImageIndexer(service, "photos").run(tmp_path / "other", prune=True))
+    ids = {path: state.id for path, state in service.file_states("photos").items()}
+    assert set(ids) == mine | other
+    if away == "symlinked":
+        folder.rename(tmp_path / "srv" / "photos.real")
+        folder.symlink_to(tmp_path / "elsewhere" / "photos")
+    elif away == "parent-symlinked":
+        (tmp_path / "srv").rename(tmp_path / "srv.real")
+        (tmp_path / "srv").symlink_to(tmp_path / "elsewhere")
+    else:
+        folder.rename(tmp_path / "srv" / "unmounted")
+        folder.mkdir()  # an empty mount point
+        folder.rmdir()
+    (tmp_path / "other" / "10.jpg").unlink()  # a file really deleted from a folder that is here
+    summary = asyncio.run(ImageIndexer(service, "photos").run(tmp_path / "other", prune=True))
+    assert summary.pruned == 1
+    assert {path: state.id for path, state in service.file_states("photos").items()} == {
+        path: item for path, item in ids.items() if not path.endswith("/10.jpg")
+    }
+
+
+def test_an_io_error_opening_the_root_is_unreadable_not_replaced(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EIO opening the watched folder says nothing of what is at its path: the pass stops as for an
+    unreadable folder (it used to say `replaced`, whose line asks for a restart)."""
+    import errno
+
+    folder = tmp_path / "photos"
+    photos(folder, range(1))
+    root = PinnedRoot.pin(folder)
+    real_open = os.open
+
+    def failing(path: Any, flags: int, *args: Any, **kwargs: Any) -> int:
+        if str(path) == str(folder):
+            raise OSError(errno.EIO, "Input/output error")
+        return real_open(path, flags, *args, **kwargs)
+
+    monkeypatch.setattr(os, "open", failing)
+    with pytest.raises(RootMoved) as raised:
+        root.walk()
+    assert raised.value.state is RootState.UNREADABLE
+    with pytest.raises(RootMoved) as raised:
+        root.gone([str(folder / "0.jpg")])
+    assert raised.value.state is RootState.UNREADABLE
