@@ -26,6 +26,7 @@ from api.readiness import Readiness, database_probe, encoder_probe
 from api.request_guard import RequestGuardMiddleware
 from api.routes import classify, collections, duplicates, embed, health, items, label_sets, search
 from api.watch_metrics import WatchCollector
+from api.whole_files import WholeFileResponse, WholeFiles
 from indexer.runtime import open_runtime
 from indexer.types import Catalog
 from indexer.watch_health import WatchHealth
@@ -129,13 +130,13 @@ def _serve_the_ui(app: FastAPI) -> None:
 
     @app.get("/", include_in_schema=False)
     async def index() -> FileResponse:
-        return FileResponse(WEB_DIR / "index.html", headers={"Cache-Control": "no-cache"})
+        return WholeFileResponse(WEB_DIR / "index.html", headers={"Cache-Control": "no-cache"})
 
     @app.get("/favicon.ico", include_in_schema=False)
     async def favicon() -> FileResponse:
         # Pages link /static/favicon.svg; this answers the browsers' default request (no 404s).
-        return FileResponse(
+        return WholeFileResponse(
             WEB_DIR / "favicon.svg", media_type="image/svg+xml", headers={"Cache-Control": "max-age=86400"}
         )
 
-    app.mount("/static", StaticFiles(directory=WEB_DIR), name="static")
+    app.mount("/static", WholeFiles(StaticFiles(directory=WEB_DIR)), name="static")  # api/whole_files.py

@@ -18,6 +18,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import HTMLResponse
 from fastapi.staticfiles import StaticFiles
 
+from api.whole_files import WholeFiles
+
 DOCS_ASSETS = Path(fastapi_offline.__file__).resolve().parent / "static"
 ASSETS_URL = "/static-docs"  # the vendored Swagger UI / ReDoc files
 WEB_URL = "/static"  # our own files (web/), where swagger-init.js and the favicon live
@@ -60,7 +62,7 @@ def install_docs(app: FastAPI) -> None:
     `redoc_url=None` (FastAPI's CDN pages) and keep its `openapi_url`."""
     if not (DOCS_ASSETS / "swagger-ui-bundle.js").is_file():  # a broken install, not a user error
         raise RuntimeError(f"the API docs assets are missing from {DOCS_ASSETS}; reinstall fastapi-offline")
-    app.mount(ASSETS_URL, StaticFiles(directory=DOCS_ASSETS), name="docs-assets")
+    app.mount(ASSETS_URL, WholeFiles(StaticFiles(directory=DOCS_ASSETS)), name="docs-assets")  # no ranges
 
     def render(page: str, request: Request) -> HTMLResponse:
         root = request.scope.get("root_path", "")  # behind a proxy that strips a prefix

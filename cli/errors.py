@@ -92,9 +92,19 @@ def read_settings(cls: type[S], **overrides: Any) -> S:
     try:
         return cls(**overrides)
     except ValidationError as exc:
+        # One line per setting, however many errors pydantic finds in it: one per list item (a list of
+        # 10^6 bad items was 10^6 lines) or one per branch of a union (`auto` or a number).
+        said: dict[str, list[str]] = {}
         for error in exc.errors():
-            name = "CNCLIP_" + "__".join(str(part) for part in error["loc"]).upper()
-            _say(name, str(error["msg"]).removeprefix("Value error, "))
+            head, *rest = error["loc"] or ("",)
+            items = ".".join(str(part) for part in rest if isinstance(part, int))
+            message = str(error["msg"]).removeprefix("Value error, ")
+            said.setdefault("CNCLIP_" + str(head).upper(), []).append(f"item {items}: {message}" if items else message)
+        for name, messages in said.items():
+            distinct = list(dict.fromkeys(messages))
+            joint = "; " if distinct[0].startswith("item ") else "; or "  # list items, or a union's branches
+            more = f" (and {len(distinct) - 2:,} more)" if len(distinct) > 2 else ""
+            _say(name, joint.join(distinct[:2]) + more)
     except SettingsError as exc:
         match = _UNPARSED_FIELD.search(str(exc))
         name = "CNCLIP_" + match["field"].upper() if match else "a CNCLIP_* setting"

@@ -108,10 +108,13 @@ def bind_listener(host: str, port: int) -> socket.socket:
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does: restarts reuse the port
     try:
         listener.bind((host, port))
-    except (OSError, OverflowError) as exc:  # in use, not an address of this host, a port out of range
+    except (OSError, OverflowError, TypeError, UnicodeError) as exc:
+        # In use, not an address of this host, a port out of range, a name whose bytes are not UTF-8
+        # ("encoding of hostname failed") or that IDNA refuses.
         listener.close()
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise fail(CnclipError(f"cannot listen on {host}:{port}: {reason}")) from None
+        shown = host if host.isprintable() and host.isascii() else ascii(host)
+        raise fail(CnclipError(f"cannot listen on {shown}:{port}: {reason}")) from None
     return listener
 
 

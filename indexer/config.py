@@ -37,13 +37,17 @@ class StorageSettings(WatchTuning, RuntimeSettings):
         description="Vectors a collection needs before a non-Flat factory is trained (Flat until then); never fewer "
         "than the index's trained parts need (39 per IVF list, 2^bits per PQ codebook: 256 for `PQ…x8`).",
     )
+    # Bounded where they enter: they reach FAISS's C++ ints (an `OverflowError` inside a search made the
+    # collection degraded) and size each search's work.
     search_rerank_factor: int = Field(
         4,
         ge=1,
-        description="Indexes with compressed codes (PQ, SQ) fetch k × this many candidates and re-rank them exactly.",
+        le=100,
+        description="Indexes with compressed codes (PQ, SQ) fetch k × this many candidates and re-rank them exactly "
+        "(1–100).",
     )
-    index_nprobe: int = Field(64, ge=1, description="IVF lists visited per search.")
-    index_ef_search: int = Field(128, ge=1, description="HNSW candidate list size per search.")
+    index_nprobe: int = Field(64, ge=1, le=65_536, description="IVF lists visited per search (1–65536).")
+    index_ef_search: int = Field(128, ge=1, le=65_536, description="HNSW candidate list size per search (1–65536).")
     index_batch_size: int = Field(32, ge=1, description="Images per embedding batch and per commit in `cnclip index`.")
     index_read_threads: int = Field(
         2,
@@ -102,9 +106,16 @@ class StorageSettings(WatchTuning, RuntimeSettings):
 
         if value:
             try:
-                make_url(value)
+                value.encode("utf-8")  # bytes that are not UTF-8 in the environment reach no driver
+                url = make_url(value)
+            except UnicodeEncodeError:
+                raise ValueError(f"is not UTF-8 text ({ascii(value)[:120]})") from None
             except (ArgumentError, ValueError) as exc:
                 raise ValueError(f"not a database URL ({str(exc).splitlines()[0][:120]})") from None
+            if url.get_backend_name() not in ("sqlite", "postgresql"):  # no other driver is installed
+                raise ValueError(
+                    f"{url.get_backend_name()!r} is not a supported database: use sqlite:/// or postgresql://"
+                )
         return value
 
     @field_validator("index_factory")

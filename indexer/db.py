@@ -91,7 +91,12 @@ def create_db_engine(url: str, pool_size: int | None = None) -> Engine:
     if url.startswith("sqlite"):
         path = url.split(":///", 1)[-1]
         if path and path != ":memory:":
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            try:
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:
+                raise DatabaseRefused(
+                    f"the database file {path} cannot be used ({exc.strerror or exc}): {_FIX}"
+                ) from None
         engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 10}, **pool)
         event.listen(engine, "connect", _sqlite_pragmas)
     else:
@@ -135,11 +140,13 @@ def check_sqlite_file(path: Path) -> None:
     module docstring). Reads the file only; call with the migration lock held."""
     try:  # a regular file only: a FIFO or a device named as the catalog must not hang the check
         with os.fdopen(open_regular(path), "rb") as f:
-            head = f.read(len(SQLITE_HEADER))
+            head = f.read(len(SQLITE_HEADER)) or b""  # None: nothing to read without waiting
     except UnusableFile as exc:
         if exc.missing:
             return
         raise DatabaseRefused(f"the database file {exc.message}: {_FIX}") from None
+    except OSError as exc:  # a regular file that fails to read: a link to /proc/self/mem (EIO), a bad disk
+        raise DatabaseRefused(f"the database file {path} cannot be read ({exc.strerror or exc}): {_FIX}") from None
     if not head:
         raise DatabaseRefused(f"the database file {path} is empty (0 bytes), not a cnclip catalog: {_FIX}")
     if head != SQLITE_HEADER:
@@ -177,8 +184,12 @@ def _sqlite_checked(engine: Engine) -> Iterator[None]:
     if path is None:
         yield
         return
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(f"{path}.migrate.lock", "a+b") as handle:
+    try:  # the folder and the lock beside the file: a name too long, a folder in /proc, a link to nothing
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(f"{path}.migrate.lock", "a+b")  # noqa: SIM115 - closed by the with below
+    except OSError as exc:
+        raise DatabaseRefused(f"the database file {path} cannot be used ({exc.strerror or exc}): {_FIX}") from None
+    with lock as handle:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
         try:
             check_sqlite_file(path)

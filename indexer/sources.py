@@ -6,12 +6,14 @@ import csv
 import json
 import os
 import re
+import stat
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from indexer.file_names import check_file_name
+from indexer.presence import gone_error
 from indexer.safe_open import inside
 from indexer.sql_values import text_problem
 from retrieval.errors import InvalidInput
@@ -92,7 +94,12 @@ def walk_folder(
     entries: list[SourceEntry] = []
     refused: list[tuple[str, str]] = []
     top = root.resolve()
-    for folder, subfolders, files in os.walk(start or top):
+
+    def unreadable(exc: OSError) -> None:  # a folder that cannot be listed: said, and not pruned (presence.py)
+        if not gone_error(exc):
+            refused.append((str(exc.filename), f"cannot read: {exc.strerror or exc}; skipped"))
+
+    for folder, subfolders, files in os.walk(start or top, onerror=unreadable):
         subfolders[:] = sorted(
             name
             for name in subfolders
@@ -110,8 +117,13 @@ def walk_folder(
 def folder_entry(top: Path, path: Path) -> SourceEntry | tuple[str, str] | None:
     """The entry of one file found in the (resolved) folder `top`, the refusal (path, why) of a symlink
     that leads out of it, or None for what a walk skips: a hidden file, not a regular file."""
-    if path.name.startswith(".") or not path.is_file():
+    if path.name.startswith("."):
         return None
+    try:
+        if not stat.S_ISREG(path.stat().st_mode):  # symlinks followed, as `is_file` did
+            return None
+    except OSError as exc:  # gone meanwhile: skipped; unreadable (a folder without x, EIO): said
+        return None if gone_error(exc) else (str(path), f"cannot read: {exc.strerror or exc}")
     if path.is_symlink() and not inside(path.resolve(), top):
         return str(path), "a symlink that leads outside the indexed folder: not followed"
     return SourceEntry(path, root=top)

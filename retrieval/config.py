@@ -197,12 +197,31 @@ class RuntimeSettings(BaseSettings):
             raise ValueError("text lengths must be at least 2 tokens ([CLS] and [SEP])")
         return sorted(set(value))
 
+    @field_validator("encoder")
+    @classmethod
+    def _encoder_is_local_or_a_url(cls, value: str) -> str:
+        # Checked with the settings (one line, status 2, before the port is bound), by the one parser
+        # the remote encoder uses (retrieval/remote.py), not when the server starts.
+        if value != "local":
+            from retrieval.errors import CnclipError
+            from retrieval.remote import parse_encoder_url
+
+            try:
+                parse_encoder_url(value)
+            except CnclipError as exc:
+                raise ValueError(exc.message) from None
+        return value
+
     @field_validator("data_dir")
     @classmethod
     def _data_dir_is_a_folder(cls, value: Path) -> Path:
-        # Made when missing; something else at that name (a file, a FIFO, /dev/null) is a bad setting.
-        if value.exists() and not value.is_dir():
-            raise ValueError(f"{value} is not a folder")
+        # Made when missing; something else at that name (a file, a FIFO, /dev/null, a link to nothing, a
+        # name too long) is a bad setting (retrieval/regular_file.py).
+        from retrieval.regular_file import folder_problem
+
+        problem = folder_problem(value)
+        if problem is not None:
+            raise ValueError(f"{ascii(str(value)) if 'UTF-8' in problem else value} {problem}")
         return value
 
     @field_validator("buckets")

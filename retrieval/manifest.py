@@ -75,8 +75,11 @@ def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
         if key in _HASHED:
             return _HASHED[key]
         digest = hashlib.sha256()
-        while block := f.read(chunk):
-            digest.update(block)
+        try:  # a regular file can still fail to read: a link to /proc/self/mem (EIO), a failing disk
+            while block := f.read(chunk):
+                digest.update(block)
+        except OSError as exc:
+            raise UnusableFile(path, f"cannot be read ({exc.strerror or exc})") from exc
     if len(_HASHED) >= 4096:
         _HASHED.clear()
     _HASHED[key] = digest.hexdigest()

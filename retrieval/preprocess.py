@@ -41,6 +41,16 @@ DEFAULT_MAX_PIXELS = 50_000_000
 # row or column, computed holding the GIL): a 1×50,000,000 PNG is within the pixel cap and took 11 s
 # here, freezing the event loop for most of it. 65,535 is JPEG's own limit per side.
 MAX_IMAGE_SIDE = 65_535
+# Scans per JPEG. A progressive JPEG's decoding walks the whole image once per scan, whatever the scan
+# holds: a 1.2 MB JPEG of 16 Mpx whose 31-byte scan is repeated 20,000 times took 22 s to decode (a
+# 20 MB one would take minutes), within every size limit. Encoders write 1 (baseline) to about 10
+# (libjpeg's progressive script; mozjpeg's stay under 30); 100 costs at most ~1 s more at 50 Mpx.
+MAX_JPEG_SCANS = 100
+# Chunks per PNG. Pillow walks a PNG's chunks in Python, on every open: a 20 MB PNG of 64×64 pixels and
+# 1.7 million empty chunks took 9 s to read and decode. Encoders write IDAT chunks of 8 KB or more
+# (2,560 for 20 MB); 50,000 is walked in about 25 ms.
+MAX_PNG_CHUNKS = 50_000
+_PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 _SIXTEEN_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")
 
 # Pillow's decoders signal corrupt input with many exception types (struct.error from a short
@@ -73,6 +83,8 @@ def _check_size(data: bytes, max_bytes: int) -> None:
 
 def _open(data: bytes, max_pixels: int) -> Image.Image:
     """Identify the format and check the declared size; no pixel data is decoded yet."""
+    _check_scans(data)  # before Pillow reads anything: it walks a PNG's chunks in Python when opening it
+    _check_png_chunks(data)
     try:
         image = Image.open(io.BytesIO(data), formats=ALLOWED_FORMATS)
     except UnidentifiedImageError as exc:
@@ -91,6 +103,39 @@ def _open(data: bytes, max_pixels: int) -> Image.Image:
     if max(width, height) > MAX_IMAGE_SIDE:
         raise ImageTooLarge(f"the image is {width}×{height} pixels; each side may be at most {MAX_IMAGE_SIDE:,}")
     return image
+
+
+def _check_png_chunks(data: bytes) -> None:
+    """Refuse a PNG (APNG too) of more than `MAX_PNG_CHUNKS` chunks, counted by stepping over chunk
+    headers (no byte inflated) and never more than that many steps."""
+    if bytes(data[:8]) != _PNG_SIGNATURE:
+        return
+    position, chunks = 8, 0
+    while position + 8 <= len(data):
+        chunks += 1
+        if chunks > MAX_PNG_CHUNKS:
+            raise InvalidImage(
+                f"the PNG has more than {MAX_PNG_CHUNKS:,} chunks (each is read one by one; encoders write a few "
+                "thousand at most)"
+            )
+        (length,) = struct.unpack_from(">I", data, position)
+        if data[position + 4 : position + 8] == b"IEND":
+            return
+        position += 12 + length
+
+
+def _check_scans(data: bytes) -> None:
+    """Refuse a JPEG (MPO and camera previews too) of more than `MAX_JPEG_SCANS` scans before decoding.
+    Inside entropy-coded data a 0xFF byte is followed by 0x00, a restart marker or a marker, so counting
+    the bytes FF DA (start of scan) counts the scans, or more (an EXIF thumbnail's own): never fewer."""
+    if bytes(data[:2]) != b"\xff\xd8":
+        return
+    scans = (data if isinstance(data, bytes | bytearray) else bytes(data)).count(b"\xff\xda")
+    if scans > MAX_JPEG_SCANS:
+        raise InvalidImage(
+            f"the JPEG has {scans:,} scans; at most {MAX_JPEG_SCANS} are decoded (each costs a pass over "
+            "the whole image; encoders write about 10)"
+        )
 
 
 def _mime(image: Image.Image) -> str:

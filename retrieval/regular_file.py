@@ -98,10 +98,41 @@ def read_regular(path: Path | str, max_bytes: int) -> bytes:
     read is refused too)."""
     fd = open_regular(path, max_bytes)
     with os.fdopen(fd, "rb") as handle:
-        data = handle.read(max_bytes + 1)
+        try:  # a regular file can still refuse to be read: /proc/self/mem (EIO), a file on a failing disk
+            data = handle.read(max_bytes + 1)
+        except OSError as exc:
+            raise UnusableFile(path, f"cannot be read ({exc.strerror or exc})") from exc
+    if data is None:  # nothing to read yet on a non-blocking descriptor (/proc/kmsg): it would wait
+        raise UnusableFile(path, "cannot be read without waiting (it is no file of data)")
     if len(data) > max_bytes:
         raise UnusableFile(path, f"is larger than {_size(max_bytes)} (it grew while read)")
     return data
+
+
+def folder_problem(path: Path | str) -> str | None:
+    """Why the folder a setting names (made when missing) cannot be used, completing "PATH ...", or None
+    when it is a folder or can be made. Every way a name fails is one line, never an `OSError` from a
+    later `mkdir`: bytes that are not UTF-8, a name too long, a loop of links, a link to nothing, a
+    file in the way (of the folder or of one of its parents)."""
+    path = Path(path)
+    try:
+        str(path).encode("utf-8")
+    except UnicodeEncodeError:
+        return "is not UTF-8 text"
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        ancestor = path
+        while not os.path.lexists(ancestor) and ancestor != ancestor.parent:
+            ancestor = ancestor.parent
+        if ancestor == path:
+            return "is a symbolic link to nothing"
+        if not os.path.isdir(ancestor):
+            return f"cannot be made: {ancestor} is not a folder"
+        return None
+    except OSError as exc:
+        return f"cannot be used ({exc.strerror or exc})"
+    return None if stat.S_ISDIR(info.st_mode) else "is not a folder"
 
 
 def read_regular_text(path: Path | str, max_bytes: int, what: str = "file") -> str:

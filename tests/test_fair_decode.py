@@ -266,3 +266,35 @@ def test_every_image_route_refuses_a_request_over_the_pixel_budget(
     assert response.status_code == 413, response.text
     assert "CNCLIP_MAX_REQUEST_PIXELS" in message and f"{budget:,}" in message
     assert [call for call in encoder.calls if call[0] == "image"] == []  # refused before any embedding
+
+
+@pytest.mark.parametrize("kind", ["jpeg scans", "png chunks"])
+@pytest.mark.parametrize(("route", "form", "count"), ROUTES, ids=[r[0] for r in ROUTES])
+def test_every_image_route_refuses_a_jpeg_whose_decoding_would_cost_more_than_its_pixels(
+    settings: Settings, route: str, form: dict[str, str] | None, count: int, kind: str
+) -> None:
+    """The budget counts what decoding costs, not only pixels: a 64×64 progressive JPEG of 20,000 scans
+    (a pass over the image each; 16 Mpx of it took 22 s), or an 8×8 PNG of 200,000 chunks (Pillow walks
+    them in Python), is refused from its header on every route, at once, and nothing is embedded
+    (retrieval/preprocess.py `MAX_JPEG_SCANS`, `MAX_PNG_CHUNKS`)."""
+    from tests.test_preprocess import jpeg_of_scans, png_of_chunks
+
+    encoder = FakeEncoder()
+    bomb, said = (jpeg_of_scans(20_000), "20,000 scans") if kind == "jpeg scans" else (png_of_chunks(200_000), "chunks")
+    with api_client(settings, encoder=encoder) as client:
+        assert client.post("/v1/collections", json={"name": "photos", "kind": "images"}).status_code == 201
+        images = [png(8, 8)] * (count - 1) + [bomb]
+        started = time.monotonic()
+        if form is None:
+            body, headers = v2_bytes_request(images)
+            response = client.post(route, content=body, headers=headers)
+            message = response.json()["error"]
+        else:
+            files = [("file", (f"{i}.jpg", image, "image/jpeg")) for i, image in enumerate(images)]
+            response = client.post(route, files=files, data=form)
+            message = response.json()["error"]["message"]
+        elapsed = time.monotonic() - started
+    assert response.status_code in (400, 422), response.text
+    assert said in message, message
+    assert elapsed < 5, elapsed
+    assert [call for call in encoder.calls if call[0] == "image"] == []

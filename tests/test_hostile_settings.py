@@ -97,6 +97,16 @@ def graph_replaced(how: str) -> Callable[[Path], None]:
     return change
 
 
+def linked_to(name: str, target: str) -> Callable[[Path], None]:
+    """The model's file `name` swapped for a symbolic link to `target`."""
+
+    def change(model: Path) -> None:
+        (model / name).unlink()
+        (model / name).symlink_to(target)
+
+    return change
+
+
 def fifo_at(path: Path) -> Path:
     os.mkfifo(path)
     return path
@@ -144,7 +154,68 @@ SERVE_CASES: list[tuple[str, Callable[[Path, Path], dict[str, str]], str]] = [
         lambda t, m: _model_dirs(spoiled(m, t, lambda d: (d / MANIFEST_NAME).unlink() or os.mkfifo(d / MANIFEST_NAME))),
         "FIFO",
     ),  # fmt: skip
+    # The hidden set's kind: every way a folder's name can fail is one line, not an OSError from mkdir.
+    ("data dir a name too long", lambda t, m: {"CNCLIP_DATA_DIR": str(t / ("9" * 300))}, "(File name too long)"),
+    (
+        "data dir a link to nothing",
+        lambda t, m: {"CNCLIP_DATA_DIR": str(_link(t / "d", t / "gone"))},
+        "link to nothing",
+    ),
+    (
+        "data dir inside a link to nothing",
+        lambda t, m: {"CNCLIP_DATA_DIR": str(_link(t / "d", t / "gone") / "sub")},
+        "cannot be made",
+    ),  # fmt: skip
+    ("data dir a loop of links", lambda t, m: {"CNCLIP_DATA_DIR": str(_loop(t))}, "symbolic links"),
+    ("data dir under a file", lambda t, m: {"CNCLIP_DATA_DIR": str(_file(t / "f") / "sub")}, "(Not a directory)"),
+    ("data dir not UTF-8", lambda t, m: {"CNCLIP_DATA_DIR": str(t) + "/\udcff"}, "is not UTF-8 text"),
+    # One line per setting, however many errors pydantic finds in it (one per item, one per union branch).
+    ("10,000 bad buckets", lambda t, m: {"CNCLIP_BUCKETS": json.dumps(["a"] * 10_000)}, "(and 9,998 more)"),
+    ("memory budget -1 (a union)", lambda t, m: {"CNCLIP_MEMORY_BUDGET_MB": "-1"}, "'auto'; or "),
+    # Numbers that reach FAISS's C++ ints are bounded where they enter (an OverflowError degraded HNSW).
+    ("ef_search 10^20", lambda t, m: {"CNCLIP_INDEX_EF_SEARCH": "9" * 20}, "CNCLIP_INDEX_EF_SEARCH"),
+    ("nprobe 10^20", lambda t, m: {"CNCLIP_INDEX_NPROBE": "9" * 20}, "CNCLIP_INDEX_NPROBE"),
+    ("rerank factor 10^20", lambda t, m: {"CNCLIP_SEARCH_RERANK_FACTOR": "9" * 20}, "CNCLIP_SEARCH_RERANK_FACTOR"),
+    # URLs: parsed with the settings by the one parser their user has, never a ValueError at start-up.
+    ("encoder port out of range", lambda t, m: {"CNCLIP_ENCODER": "triton://h:99999"}, "Port out of range"),
+    ("encoder IPv6 unclosed", lambda t, m: {"CNCLIP_ENCODER": "triton://[::1"}, "Invalid IPv6 URL"),
+    ("encoder host not UTF-8", lambda t, m: {"CNCLIP_ENCODER": "triton://\udcff:8000"}, "printable ASCII"),
+    ("database URL of a driver not installed", lambda t, m: {"CNCLIP_DATABASE_URL": "mysql://x/y"}, "not a supported"),
+    ("database URL not UTF-8", lambda t, m: {"CNCLIP_DATABASE_URL": "postgresql://\udcff@h/db"}, "is not UTF-8 text"),
+    (
+        "storage: the SQLite file a link to /proc/self/mem",
+        lambda t, m: {"CNCLIP_DATABASE_URL": f"sqlite:///{_link(t / 'c.db', Path('/proc/self/mem'))}"},
+        "cannot be read (Input/output error)",
+    ),  # fmt: skip
+    (
+        "storage: the SQLite file in /proc",
+        lambda t, m: {"CNCLIP_DATABASE_URL": "sqlite:////proc/self/c.db"},
+        "cannot be used",
+    ),
+    (
+        "storage: the SQLite file a name too long",
+        lambda t, m: {"CNCLIP_DATABASE_URL": f"sqlite:///{t / ('9' * 300)}"},
+        "(File name too long)",
+    ),  # fmt: skip
 ]
+
+
+def _link(path: Path, target: Path) -> Path:
+    path.symlink_to(target)
+    return path
+
+
+def _loop(tmp: Path) -> Path:
+    (tmp / "loop-a").symlink_to(tmp / "loop-b")
+    (tmp / "loop-b").symlink_to(tmp / "loop-a")
+    return tmp / "loop-a"
+
+
+def _file(path: Path) -> Path:
+    path.write_text("x")
+    return path
+
+
 # Model directories, each named by CNCLIP_MODEL_DIRS to `cnclip serve` and by --model to `cnclip migrate`.
 MODEL_CASES: list[tuple[str, Callable[[Path], None], str]] = [
     ("manifest not JSON", manifest_text("{not json"), "not valid JSON"),
@@ -169,6 +240,9 @@ MODEL_CASES: list[tuple[str, Callable[[Path], None], str]] = [
     ("graph a FIFO", graph_replaced("fifo"), "is a FIFO, not a regular file"),
     ("graph a link to /dev/zero", graph_replaced("zero"), "is a character device"),
     ("graph an 8 GiB sparse file", graph_replaced("sparse"), "is larger than 2 GiB"),
+    # Regular files whose read fails (EIO): one line, not an OSError from the sha256 loop or the reader.
+    ("graph data a link to /proc/self/mem", linked_to("image.fp32.data", "/proc/self/mem"), "(Input/output error)"),
+    ("manifest a link to /proc/self/mem", linked_to(MANIFEST_NAME, "/proc/self/mem"), "(Input/output error)"),
 ]
 
 
@@ -224,6 +298,13 @@ def test_a_hostile_model_directory_stops_serve_and_migrate_in_one_line(
     assert words in caught.value.message and "\n" not in caught.value.message
 
 
+@pytest.mark.parametrize("host", ["localhost\udcff", "x\x01y"])
+def test_a_host_that_cannot_be_bound_is_one_line(host: str, tmp_path: Path, toy: Path) -> None:
+    """`CNCLIP_HOST` of bytes that are not UTF-8 was a TypeError traceback ("encoding of hostname failed")."""
+    result = run_cli(["serve", "--port", "0"], base_env(tmp_path, toy, CNCLIP_HOST=host, CNCLIP_API_KEY="k"))
+    assert_one_line(result, "cannot listen on", 1)
+
+
 def test_watching_a_text_collection_is_refused_before_the_port_is_bound(tmp_path: Path, toy: Path) -> None:
     env = base_env(tmp_path, toy)
     texts = tmp_path / "notes.txt"
@@ -256,6 +337,16 @@ def test_a_tuning_file_in_the_model_directory_that_is_no_file_is_refused_without
     reader.join(timeout=10)
     assert outcome, "read_tuning hung"
     assert outcome[0].tuning is None and "not a regular file" in outcome[0].line and "\n" not in outcome[0].line
+
+
+@pytest.mark.parametrize("path", ["/proc/self/mem", "/proc/self/task/../mem"])
+def test_a_regular_file_that_refuses_to_be_read_is_one_line(path: str, tmp_path: Path, toy: Path) -> None:
+    """/proc/self/mem is a regular file of 0 bytes whose read fails (EIO): an `UnusableFile`, never an
+    `OSError` traceback — as the tuning file a setting names, refused in one line and the defaults run."""
+    with pytest.raises(UnusableFile, match="cannot be read"):
+        read_regular(path, 1 << 20)
+    outcome = read_tuning(Path(path), "m", toy)
+    assert outcome.tuning is None and "cannot be read" in outcome.line and "\n" not in outcome.line
 
 
 def test_the_shared_reader_refuses_what_is_no_regular_file(tmp_path: Path) -> None:

@@ -139,7 +139,49 @@ def png_claiming(width: int, height: int) -> bytes:
     )
 
 
+def jpeg_of_scans(scans: int, side: int = 64) -> bytes:
+    """A progressive JPEG of `scans` scans: libjpeg's 10, then its smallest scan repeated (each repeat a
+    whole pass over the image when decoded, a few bytes in the file: a decode-cost bomb within every
+    size limit, issue 28's hidden set)."""
+    data = encode(gradient(side, side), "JPEG", progressive=True, quality=50)
+    at, found = 2, []
+    while data[at + 1] != 0xD9:  # walk the markers; a scan runs to the next marker that is not FF00/RSTn
+        length = int.from_bytes(data[at + 2 : at + 4], "big")
+        end = at + 2 + length
+        if data[at + 1] == 0xDA:
+            while data[end] != 0xFF or data[end + 1] == 0 or 0xD0 <= data[end + 1] <= 0xD7:
+                end += 1
+            found.append((at, end))
+        at = end
+    assert len(found) == 10 and scans >= 10
+    start, stop = min(found, key=lambda scan: scan[1] - scan[0])
+    last = found[-1][1]
+    return data[:last] + data[start:stop] * (scans - 10) + data[last:]
+
+
+def png_of_chunks(chunks: int) -> bytes:
+    """A valid 8×8 PNG of `chunks` chunks: IHDR, IDAT, IEND and empty private chunks before the IDAT
+    (each one more step of Pillow's Python loop when it opens the file)."""
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    pixels = zlib.compress(b"".join(b"\0" + b"\0" * 24 for _ in range(8)))
+    header = chunk(b"IHDR", struct.pack(">IIBBBBB", 8, 8, 8, 2, 0, 0, 0))
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + header
+        + chunk(b"prVt", b"") * (chunks - 3)
+        + chunk(b"IDAT", pixels)
+        + chunk(b"IEND", b"")
+    )
+
+
 BAD_INPUTS = {
+    "chunky_png_50001": png_of_chunks(50_001),
+    "chunky_png_1700000": png_of_chunks(1_700_000),
+    "jpeg_101_scans": jpeg_of_scans(101),
+    "jpeg_20000_scans": jpeg_of_scans(20_000),
     "empty": b"",
     "truncated_png": CASES["rgb_png"][: len(CASES["rgb_png"]) // 2],
     "truncated_jpeg": CASES["rgb_jpeg"][: len(CASES["rgb_jpeg"]) // 3],
@@ -161,6 +203,33 @@ def test_bad_input_is_invalid_image_with_message(name: str) -> None:
         retrieval.preprocess_image(BAD_INPUTS[name])
     expected = "image_too_large" if name.startswith("png_") else "invalid_image"  # too large is not unreadable
     assert info.value.message and info.value.code == expected
+
+
+def test_a_jpeg_of_more_scans_than_encoders_write_is_refused_at_its_header() -> None:
+    """Decoding costs a pass over the image per scan: 100 scans (ten times libjpeg's) are decoded, one
+    more is refused by the header check every route runs before decoding (retrieval.image_budget)."""
+    from retrieval.preprocess import MAX_JPEG_SCANS, read_header
+
+    assert MAX_JPEG_SCANS == 100
+    assert retrieval.preprocess_image(jpeg_of_scans(100)).shape == (3, 224, 224)
+    with pytest.raises(InvalidImage, match="101 scans"):
+        read_header(jpeg_of_scans(101))
+    assert read_header(CASES["rgb_jpeg"]).mime == "image/jpeg"  # baseline: one scan
+
+
+def test_a_png_of_more_chunks_than_encoders_write_is_refused_before_pillow_walks_them() -> None:
+    """Pillow steps over a PNG's chunks in Python when it opens one: 1.7 million empty chunks (20 MB,
+    64×64 pixels) cost 9 s. 50,000 are read; one more is refused at once, before Pillow opens it."""
+    import time
+
+    from retrieval.preprocess import MAX_PNG_CHUNKS, read_header
+
+    assert MAX_PNG_CHUNKS == 50_000
+    assert retrieval.preprocess_image(png_of_chunks(50_000)).shape == (3, 224, 224)
+    started = time.monotonic()
+    with pytest.raises(InvalidImage, match="more than 50,000 chunks"):
+        read_header(png_of_chunks(1_700_000), max_bytes=1 << 30)
+    assert time.monotonic() - started < 1.0
 
 
 def test_limits_are_configurable() -> None:

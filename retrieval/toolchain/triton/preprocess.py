@@ -19,6 +19,7 @@ from PIL import Image, ImageOps
 
 ALLOWED_FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")
 SIXTEEN_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")
+MAX_JPEG_SCANS = 100  # as retrieval.preprocess.MAX_JPEG_SCANS
 
 
 class ImageRejected(ValueError):
@@ -38,6 +39,8 @@ def preprocess(
         width, height = image.size
         if width * height > max_pixels or width < 1 or height < 1:
             raise ImageRejected(f"the image is {width}×{height} pixels; the limit is {max_pixels:,} pixels")
+        if data[:2] == b"\xff\xd8" and data.count(b"\xff\xda") > MAX_JPEG_SCANS:  # each scan: a whole pass
+            raise ImageRejected(f"the JPEG has more than {MAX_JPEG_SCANS} scans")
         image.seek(0)
         image.load()
         image = ImageOps.exif_transpose(image) or image
