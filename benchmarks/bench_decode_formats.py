@@ -67,9 +67,14 @@ def main() -> None:
             image = decode_image(data, max_bytes=limit)
             times[name].append(time.perf_counter() - started)
             del image
-    print(f"decode_image, {args.width}×{args.height}, median of {args.rounds} interleaved rounds")
+    print(f"decode_image, {args.width}×{args.height}, median [min–max] of {args.rounds} interleaved rounds")
+    jpeg = statistics.median(next(iter(times.values())))
     for name, data in inputs.items():
-        print(f"  {name:<20} {statistics.median(times[name]) * 1000:8.1f} ms   ({len(data) / 1e6:6.2f} MB)")
+        ms = [t * 1000 for t in times[name]]
+        print(
+            f"  {name:<20} {statistics.median(ms):8.1f} ms [{min(ms):.1f}–{max(ms):.1f}]"
+            f"  {statistics.median(times[name]) / jpeg:5.2f}× the first  ({len(data) / 1e6:6.2f} MB)"
+        )
 
 
 if __name__ == "__main__":

@@ -26,6 +26,7 @@ from sqlalchemy import Engine
 
 from indexer.catalog_duplicates import CatalogDuplicates
 from indexer.catalog_generations import CatalogGenerations
+from indexer.deletion_rows import uploads_in_use_on
 from indexer.errors import GenerationMoved, VectorStoreBusy, VectorStoreError
 from indexer.index_spec import parse_index
 from indexer.media import media_root
@@ -33,7 +34,7 @@ from indexer.media_check import check_media, read_media
 from indexer.media_sweep import SweepResult, sweep_media
 from indexer.move_rows import CatalogMoves
 from indexer.names import check_collection_name
-from indexer.rows import ItemRows, uploads_in_use_on
+from indexer.rows import ItemRows
 from indexer.sql_values import naive_utc, text_sha
 from indexer.store_health import is_collection_failure
 from indexer.store_pool import StorePool, store_spec

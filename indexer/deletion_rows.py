@@ -1,12 +1,13 @@
-"""The collection version bump every write starts with, and deleting item rows: each deletion logged (with its reason and whether `cnclip index` must remember
-it), the rows' copies forgotten, in the caller's transaction after the collection's version bump
+"""The collection version bump every write starts with; deleting item rows (each deletion logged with
+its reason and whether `cnclip index` must remember it, the rows' copies forgotten) in the caller's
+transaction after that bump; and which upload copies rows still name, asked on the caller's connection
 (indexer/rows.py's rule; indexer/lock_order.py's order)."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import delete, insert, select, update
+from sqlalchemy import Connection, delete, insert, select, update
 from sqlalchemy.orm import Session
 
 from indexer.copy_rows import forget_copies_of
@@ -73,3 +74,16 @@ def delete_rows(
         forget_copies_of(session, collection_id, [sha for _, sha, _, _ in rows])
         uploads += [(sha, mime) for _, sha, path, mime in rows if path is None]
     return uploads
+
+
+def uploads_in_use_on(connection: Connection, shas: Sequence[str]) -> set[str]:
+    """Which of `shas` some upload row (any collection) names, read on `connection` (one the caller
+    holds: asked under the media lock, a second pooled connection is never waited for) in a read
+    transaction of its own, so that each call sees what committed before it (SQLite keeps a snapshot
+    for a whole transaction)."""
+    found: set[str] = set()
+    with connection.begin():
+        for part in chunks(sorted(set(shas))):
+            query = select(ItemRow.sha256).where(ItemRow.sha256.in_(part), ItemRow.path.is_(None)).distinct()
+            found.update(connection.scalars(query))
+    return found

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
+from indexer.backfills import backfill
 from indexer.duplicate_rows import FileCopy
 from indexer.index_summary import IndexSummary, ProgressCallback
 from indexer.moves import FileMoves, prunable, settle_moves, unchanged
@@ -161,32 +162,17 @@ class ImageIndexer:
                 todo.append((entry, state))
         return todo
 
-    def _date_unchanged(self, states: dict[str, FileState], chunk: int = 500) -> int:
-        """The backfill: read the date of unchanged files indexed before taken_at existed, and record
-        it (no embedding). Reader threads; a file unreadable now keeps no date until the next run."""
+    def _date_unchanged(self, states: dict[str, FileState]) -> int:
+        """The date backfill (indexer/backfills.py) for rows indexed before taken_at existed."""
         read = functools.partial(read_taken, max_bytes=self.service.max_image_bytes)
-        with ThreadPoolExecutor(self.read_threads, thread_name_prefix="cnclip-date") as pool:
-            dated = [
-                (states[str(entry.path)].id, *taken)
-                for entry, taken in zip(self.undated, pool.map(read, self.undated), strict=True)
-                if taken is not None and str(entry.path) in states
-            ]
-        for start in range(0, len(dated), chunk):
-            self.service.set_taken(self.collection, dated[start : start + chunk])
-        return len(dated)
+        store = functools.partial(self.service.set_taken, self.collection)
+        return backfill(self.undated, states, read, store, self.read_threads, "date")
 
-    def _hash_unchanged(self, states: dict[str, FileState], chunk: int = 500) -> int:
-        """The hash backfill: like `_date_unchanged`, for rows indexed before perceptual hashes existed."""
+    def _hash_unchanged(self, states: dict[str, FileState]) -> int:
+        """The perceptual-hash backfill, for rows indexed before perceptual hashes existed."""
         read = functools.partial(read_phash, max_bytes=self.service.max_image_bytes)
-        with ThreadPoolExecutor(self.read_threads, thread_name_prefix="cnclip-phash") as pool:
-            hashed = [
-                (states[str(entry.path)].id, phash)
-                for entry, phash in zip(self.unhashed, pool.map(read, self.unhashed), strict=True)
-                if phash is not None and str(entry.path) in states
-            ]
-        for start in range(0, len(hashed), chunk):
-            self.service.set_phashes(self.collection, hashed[start : start + chunk])
-        return len(hashed)
+        store = functools.partial(self.service.set_phashes, self.collection)
+        return backfill(self.unhashed, states, read, store, self.read_threads, "phash")
 
     def _prune(self) -> int:
         states = self.service.file_states(self.collection)

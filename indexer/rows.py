@@ -31,7 +31,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from indexer.copy_rows import forget_copy_paths
-from indexer.deletion_rows import bump_version, delete_committed, delete_rows
+from indexer.deletion_rows import bump_version, delete_committed, delete_rows, uploads_in_use_on
 from indexer.lock_order import writer_slot
 from indexer.media_sweep import remove_unused_copies
 from indexer.models import CollectionRow, DeletedItemRow, ItemRow, ItemTagRow, VectorRow, utcnow
@@ -65,19 +65,6 @@ def _state(row: CollectionRow) -> CollectionState:
         created_at=aware(row.created_at),
         generation=int(row.generation or 0),
     )
-
-
-def uploads_in_use_on(connection: Connection, shas: Sequence[str]) -> set[str]:
-    """Which of `shas` some upload row (any collection) names, read on `connection` (one the caller
-    holds: asked under the media lock, a second pooled connection is never waited for) in a read
-    transaction of its own, so that each call sees what committed before it (SQLite keeps a snapshot
-    for a whole transaction)."""
-    found: set[str] = set()
-    with connection.begin():
-        for part in chunks(sorted(set(shas))):
-            query = select(ItemRow.sha256).where(ItemRow.sha256.in_(part), ItemRow.path.is_(None)).distinct()
-            found.update(connection.scalars(query))
-    return found
 
 
 class ItemRows:

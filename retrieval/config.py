@@ -16,6 +16,8 @@ from typing import Annotated, Literal
 from pydantic import Field, ValidationInfo, field_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from retrieval.encoder_url import parse_encoder_url
+from retrieval.errors import CnclipError
 from retrieval.machine_limits import inference_threads_refusal
 from retrieval.settings_source import SafeEnvSource
 
@@ -201,11 +203,8 @@ class RuntimeSettings(BaseSettings):
     @classmethod
     def _encoder_is_local_or_a_url(cls, value: str) -> str:
         # Checked with the settings (one line, status 2, before the port is bound), by the one parser
-        # the remote encoder uses (retrieval/remote.py), not when the server starts.
+        # the remote encoder uses (retrieval/encoder_url.py), not when the server starts.
         if value != "local":
-            from retrieval.errors import CnclipError
-            from retrieval.remote import parse_encoder_url
-
             try:
                 parse_encoder_url(value)
             except CnclipError as exc:

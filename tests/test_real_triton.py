@@ -301,7 +301,11 @@ def _calls() -> list[Call]:
         # Triton answers 501 to a coding it lacks and 503 to load/unload without model control; a refusal
         # for good of the client's request is a 4xx here (415, 403), so no hostile request earns a 5xx.
         Call(
-            "POST", "/v2/models/cnclip_text/infer", content=text_json, headers={"Content-Encoding": "br"}, our_status=415
+            "POST",
+            "/v2/models/cnclip_text/infer",
+            content=text_json,
+            headers={"Content-Encoding": "br"},
+            our_status=415,
         ),
         Call("POST", "/v2/models/cnclip_text/infer", json=text_body(), headers={"Accept-Encoding": "gzip"}),
         Call("POST", "/v2/models/cnclip_text/infer", json=text_body(), headers={"Accept-Encoding": "deflate"}),

@@ -16,10 +16,11 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 
 from api.config import Settings
+from retrieval.encoder_url import parse_encoder_url
 from retrieval.errors import EncoderUnavailable, InvalidImage, ModelError
 from retrieval.manifest import ModelManifest
 from retrieval.preprocess import preprocess_image
-from retrieval.remote import TritonEncoder, parse_encoder_url
+from retrieval.remote import TritonEncoder
 from tests.kserve_server import ServerThread, free_port, image_file, local_encoder, v2_app
 
 

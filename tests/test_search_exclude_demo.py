@@ -108,8 +108,10 @@ def test_similar_and_image_searches_exclude_too(client: TestClient, demo_dir: Pa
         assert len(r.json()["results"]) == K and item_id not in [x["id"] for x in r.json()["results"]]
         c, s = _count(r.json()["results"], truth, colour="红色", shape=shape)
         away, away_kept = away + c, away_kept + s
-    assert (plain, away) == (364, 0)
-    assert (plain_kept, away_kept) == (499, 656)
+    # Measured 361–364 red results without the exclusion (ties among the demo's equal-scoring pictures
+    # fall either way between runs), and 0 with it; the same shape not red rose from ~499 to 656.
+    assert plain >= 300 and away == 0
+    assert away_kept >= 640 and away_kept > plain_kept
 
     data = (demo_dir / "demo" / "images" / "demo-0030.png").read_bytes()
     form = {"k": str(K), "collection": IMAGE_COLLECTION}
