@@ -129,18 +129,6 @@ def folder_entry(top: Path, path: Path) -> SourceEntry | tuple[str, str] | None:
     return SourceEntry(path, root=top)
 
 
-def walked_by(top: Path, path: Path) -> bool:
-    """Whether a walk of the (resolved) folder `top` reaches `path`: inside it, no hidden file or folder
-    on the way, and no symlinked folder (a walk does not follow them)."""
-    try:
-        relative = path.relative_to(top)
-    except ValueError:
-        return False
-    if any(part.startswith(".") for part in relative.parts):
-        return False
-    return os.path.realpath(path.parent) == str(path.parent)
-
-
 def _tags(value: Any) -> tuple[str, ...]:
     if value is None or value == "":
         return ()
