@@ -9,7 +9,7 @@ from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import NoDecode
 
 from indexer.config import StorageSettings
-from indexer.watch_settings import parse_watch_setting
+from indexer.watch.settings import parse_watch_setting
 
 
 class Settings(StorageSettings):

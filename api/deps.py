@@ -15,7 +15,7 @@ from api.config import Settings
 from api.errors import Unauthorized
 from api.label_store import LabelSetStore
 from api.metrics import ServiceMetrics
-from indexer.service import CollectionService
+from indexer.service.collections import CollectionService
 from retrieval.errors import EncoderUnavailable
 from retrieval.types import Encoder
 

@@ -1,5 +1,5 @@
 """Response bodies of near-duplicate groups (GET /v1/collections/{name}/duplicates): urls and file
-names as search results show them, never server paths. The rules are indexer/duplicates.py's."""
+names as search results show them, never server paths. The rules are indexer/service/duplicates.py's."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from api.searching import file_names, image_urls
-from indexer.duplicates import DuplicateGroup, DuplicateMember, DuplicatesPage
-from indexer.types import ItemRecord
+from indexer.domain.records import ItemRecord
+from indexer.service.duplicates import DuplicateGroup, DuplicateMember, DuplicatesPage
 
 TierName = Literal["identical", "resized", "similar"]
 TIER_DOC = (
@@ -57,7 +57,7 @@ class KeeperReasonOut(BaseModel):
         "more_bytes",
         "oldest",
         "same_bytes",
-    ] = Field(description="What told the keeper apart from the runner-up (indexer/keeper.py).")
+    ] = Field(description="What told the keeper apart from the runner-up (indexer/service/keeper.py).")
     text: str = Field(description="The same for people, with the measured values.")
 
 

@@ -33,7 +33,7 @@ from indexer.errors import (
     VectorStoreIncompatible,
     VectorStoreUnavailable,
 )
-from indexer.watch_health import WatcherDown
+from indexer.watch.health import WatcherDown
 from retrieval.errors import (
     CnclipError,
     Conflict,

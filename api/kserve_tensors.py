@@ -114,7 +114,7 @@ def body_budget(model: ServedModel | None, encoder: Any, json_bytes: int | None 
     if model is None:
         return BodyBudget(CONTROL_BODY_BYTES, CONTROL_JSON_VALUES)
     # Twice the largest legal batch: a request somewhat over the batch limit still gets the protocol's own
-    # 400 from the batch check, as Triton answers it (tests/test_real_triton.py's golden calls); only a
+    # 400 from the batch check, as Triton answers it (tests/system/test_real_triton.py's golden calls); only a
     # body far past any legal request is a 413 before it is parsed.
     elements = 2 * MAX_BATCH * math.prod(model.input_dims(encoder))
     # A row list per item and the header's own keys (inputs, outputs, parameters...) on top of the elements.

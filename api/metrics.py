@@ -27,7 +27,7 @@ from prometheus_client.registry import Collector
 from starlette.routing import Match, Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from indexer.service import CollectionService
+from indexer.service.collections import CollectionService
 from retrieval.types import TOWERS
 
 # Seconds; from sub-millisecond (fake encoder, cached search) to a slow CPU batch.

@@ -5,7 +5,7 @@ server sends every error as `{"error": {"code", "message"}}` (the `/v2` routes: 
 can answer 401/404/409/410/413/429/500/501/503 too, and takes an API key. So after FastAPI builds the
 document, `document_errors` adds to each operation the error statuses it can produce (the table
 `ROUTES` and the rule in `_statuses`), with the project's error schema, and the key as two
-security schemes. `tests/test_openapi.py` keeps a committed snapshot of the result:
+security schemes. `tests/contract/test_openapi.py` keeps a committed snapshot of the result:
 a change to the document must be deliberate.
 """
 
@@ -77,7 +77,7 @@ _SUCCESS: dict[tuple[str, str], dict[str, Any]] = {
 
 
 # Every /v1 operation: who may call it, and the statuses its resources and logic add to the ones its
-# parameters imply (see `_statuses`). A route missing here fails tests/test_openapi.py.
+# parameters imply (see `_statuses`). A route missing here fails tests/contract/test_openapi.py.
 _R, _W, _OPEN = "read", "write", "open"
 _ENC = {429, 503}  # embeds through the batcher: queue full, encoder not ready
 # A collection or item that may not exist; a vector engine that refuses for good (a Milvus version

@@ -9,9 +9,9 @@ from typing import Annotated, ClassVar, Literal
 from fastapi import Path as PathParam
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSchema, field_validator
 
-from indexer.exclusion import MAX_EXCLUDED
-from indexer.names import COLLECTION_NAME_PATTERN
-from indexer.paging import MAX_CANDIDATES, MAX_PAGE, SortOrder
+from indexer.domain.exclusion import MAX_EXCLUDED
+from indexer.domain.names import COLLECTION_NAME_PATTERN
+from indexer.domain.paging import MAX_CANDIDATES, MAX_PAGE, SortOrder
 from retrieval.prompts import (
     MAX_LABEL_CHARS,
     MAX_LABELS,
@@ -23,7 +23,7 @@ from retrieval.prompts import (
 
 MAX_QUERY_CHARS = 512
 MAX_K = MAX_PAGE  # one limit for the API and `cnclip search -k`
-MAX_OFFSET = MAX_CANDIDATES - 1  # result lists end at MAX_CANDIDATES (indexer/paging.py)
+MAX_OFFSET = MAX_CANDIDATES - 1  # result lists end at MAX_CANDIDATES (indexer/domain/paging.py)
 MAX_EMBED_TEXTS = 256
 MAX_EMBED_IMAGES = 32
 MAX_TEXTS_PER_REQUEST = 1000
@@ -32,7 +32,7 @@ MAX_TAG_CHARS = 64
 # A character takes up to 6 bytes in JSON (`\uXXXX`, as json.dumps writes non-ASCII by default).
 _JSON_BYTES_PER_CHAR = 6
 
-# Label-set names follow the collection-name rule (indexer/names.py): one pattern for every name.
+# Label-set names follow the collection-name rule (indexer/domain/names.py): one pattern for every name.
 NAME_PATTERN = COLLECTION_NAME_PATTERN
 
 # Stripped strings must keep a character: `pattern=r"\S"` says so in the OpenAPI document too.

@@ -1,6 +1,6 @@
 """How search results look to clients: urls (never server paths), file names, scores rounded,
 and per-stage timings. The rules (which collection, which model, which rows) live in the
-collection service (indexer/service.py)."""
+collection service (indexer/service/collections.py)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from datetime import datetime
 from pathlib import PurePath
 
 from api.schemas import Filters, ItemOut, SearchResponse, SearchResult
-from indexer.file_names import printable
-from indexer.results import Found, SearchPage
-from indexer.types import ItemRecord, SearchFilters
+from indexer.domain.records import ItemRecord, SearchFilters
+from indexer.domain.results import Found, SearchPage
+from indexer.fs.file_names import printable
 
 
 class StageTimer:
@@ -97,7 +97,7 @@ def result_out(found: Found) -> SearchResult:
 
 
 def page_out(page: SearchPage, timings: dict[str, float]) -> SearchResponse:
-    """The response for one page of results (paging rules: indexer/paging.py)."""
+    """The response for one page of results (paging rules: indexer/domain/paging.py)."""
     request = page.page
     return SearchResponse(
         results=[result_out(f) for f in page.results],

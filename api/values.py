@@ -2,7 +2,7 @@
 `check_arguments` on every argument FastAPI takes from a request; the form fields that hold JSON and
 the KServe v2 tensors call the same rules):
 
-- **text** (`text_problem`, the catalog's rule in indexer/sql_values.py): no NUL and no lone surrogate,
+- **text** (`text_problem`, the catalog's rule in indexer/domain/values.py): no NUL and no lone surrogate,
   anywhere. PostgreSQL cannot store NUL in text and nothing can encode a lone surrogate as UTF-8 (the
   database drivers, JSON responses), so such a text is refused as 422 naming its field, on every
   database alike — never stored on one and a 500 on the other.
@@ -29,7 +29,7 @@ from typing import Any
 from pydantic import BaseModel
 from starlette.datastructures import UploadFile
 
-from indexer.sql_values import FLAWED_TEXT, as_utc, text_problem
+from indexer.domain.values import FLAWED_TEXT, as_utc, text_problem
 from retrieval.errors import InvalidInput
 
 # Digits in a count a header carries (byte lengths, ranges): 10**18 bytes is beyond any body or file.

@@ -1,4 +1,4 @@
-"""`/metrics` series of the served folder watchers (indexer/watch_health.py), read at scrape time."""
+"""`/metrics` series of the served folder watchers (indexer/watch/health.py), read at scrape time."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from indexer.watch_health import WatchHealth
+from indexer.watch.health import WatchHealth
 
 
 class WatchCollector(Collector):

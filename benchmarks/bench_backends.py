@@ -17,7 +17,7 @@ Configurations (the same graphs and weights, one stream on all cores):
 - **PyTorch**: the best of `benchmarks/torch_baselines.py`'s four options (when the model has a torch twin).
 GEMM peaks (GOP/s, all cores): ONNX Runtime int8/fp32 (`benchmarks/peak.py`), and through OpenVINO
 fp32, bf16 and int8 (an NNCF-quantized GEMM) on the same shapes. Ratios are against *shipped*.
-`--rounds 1 --seconds 0.05 --no-torch --no-peak` is a smoke test (tests/test_bench_backends.py).
+`--rounds 1 --seconds 0.05 --no-torch --no-peak` is a smoke test (tests/retrieval/test_bench_backends.py).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ JPEG, PNG, HEIC, AVIF, and a camera RAW by its embedded preview and by a half-si
 One interleaved run: every round decodes each format once, in turn, so a slower moment of the machine
 touches every format alike; the median per format is printed. The pictures are made here (a 12-Mpx
 photo-like gradient with noise, 4032×3024 like a phone's); the RAW is the tests' self-written DNG
-(tests/photo_fixtures.py) with a 4032×3024 CFA and, for the preview case, a 4032×3024 JPEG preview.
+(tests/support/photo_fixtures.py) with a 4032×3024 CFA and, for the preview case, a 4032×3024 JPEG preview.
 
     python3 benchmarks/bench_decode_formats.py [--rounds 5] [--width 4032 --height 3024]
 """
@@ -24,7 +24,7 @@ from PIL import Image
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from retrieval.preprocess import decode_image  # noqa: E402
-from tests.photo_fixtures import avif_bytes, dng_bytes, heic_bytes  # noqa: E402
+from tests.support.photo_fixtures import avif_bytes, dng_bytes, heic_bytes  # noqa: E402
 
 
 def photo(width: int, height: int) -> Image.Image:

@@ -1,5 +1,5 @@
 """Duplicate-finding time and memory at 100k items: `GET /v1/collections/{name}/duplicates`'s work
-(indexer/duplicates.py) on a real catalog, against exact all-pairs search side by side.
+(indexer/service/duplicates.py) on a real catalog, against exact all-pairs search side by side.
 
     python benchmarks/bench_duplicates.py --size 100000 --rounds 3        # the published run
     python benchmarks/bench_duplicates.py --size 5000 --rounds 1          # a smoke run (about a minute)
@@ -87,9 +87,9 @@ def synthetic(size: int, dim: int, seed: int = 0) -> tuple[np.ndarray, np.ndarra
 
 
 def fill(database_url: str, data_dir: Path, size: int, dim: int) -> None:
+    from indexer.domain.records import NewImage
     from indexer.runtime import open_catalog
-    from indexer.types import NewImage
-    from tests.indexer_helpers import catalog_settings
+    from tests.support.indexer_helpers import catalog_settings
 
     vectors, hashes = synthetic(size, dim)
     catalog = open_catalog(catalog_settings(data_dir, database_url), open_stores=False)
@@ -146,9 +146,10 @@ class PeakRss:
 
 def worker(database_url: str, data_dir: Path, mode: str) -> dict[str, Any]:
     """One cold and one cached call of the finder, timed by stage (run in a fresh process)."""
-    from indexer import duplicates, near_vectors
+    from indexer.domain import near_vectors
     from indexer.runtime import open_catalog
-    from tests.indexer_helpers import catalog_settings
+    from indexer.service import duplicates
+    from tests.support.indexer_helpers import catalog_settings
 
     if mode == "exact":
         near_vectors.EXACT_UP_TO = 10**12

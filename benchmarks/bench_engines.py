@@ -6,7 +6,7 @@ the same clustered vectors.
     python benchmarks/bench_engines.py --engines faiss milvus-server     # some engines only
 
 The server is the `milvus` package's Milvus 2.3.5 standalone (a dev dependency), started once for
-the whole run on free loopback ports by tests/real_milvus.py. For each size and index (Flat,
+the whole run on free loopback ports by tests/support/real_milvus.py. For each size and index (Flat,
 HNSW32, IVF{4·sqrt(n)},Flat) the engines run one after the other (interleaved, so a machine that
 slows down during the run slows all), each in a fresh worker process so that its memory is its own:
 build = upsert every vector in chunks + save (Milvus: flush and wait for the background index
@@ -37,11 +37,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_search import clustered_rows, exact_top  # noqa: E402
-from indexer.vector_store import ItemAttrs, SearchTuning, StoreSpec  # noqa: E402
+from indexer.storage.vectors.base import ItemAttrs, SearchTuning, StoreSpec  # noqa: E402
 
 DIM = 512
 ENGINES = ("faiss", "milvus-lite", "milvus-server")
-CHUNK = 20_000  # vectors per upsert, as indexer/sync.py fills a store
+CHUNK = 20_000  # vectors per upsert, as indexer/storage/sync.py fills a store
 ATTRS = ItemAttrs(mime="image/jpeg", tags=(), created_at=datetime(2024, 1, 1))
 
 
@@ -66,10 +66,10 @@ def process_rss_bytes(pid: int | None) -> int:
 
 def open_engine(engine: str, workdir: Path, tuning: SearchTuning, server_uri: str | None) -> Any:
     if engine == "faiss":
-        from indexer.faiss_store import FaissEngine
+        from indexer.storage.vectors.faiss.store import FaissEngine
 
         return FaissEngine(workdir / "faiss", tuning, save_interval_s=3600)
-    from indexer.milvus_store import MilvusEngine
+    from indexer.storage.vectors.milvus.store import MilvusEngine
 
     return MilvusEngine(server_uri if engine == "milvus-server" else str(workdir / "milvus.db"), "", tuning)
 
@@ -168,7 +168,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-engines-") as tmp, contextlib.ExitStack() as stack:
         server = None
         if "milvus-server" in args.engines:
-            from tests.real_milvus import RealMilvus
+            from tests.support.real_milvus import RealMilvus
 
             server = stack.enter_context(RealMilvus(Path(tmp) / "milvus-server"))
             print(

@@ -26,7 +26,7 @@ import numpy as np
 from PIL import Image
 
 from api.config import Settings
-from indexer.pipeline import ImageIndexer
+from indexer.bulk.pipeline import ImageIndexer
 from indexer.runtime import open_runtime
 from retrieval.encoder import create_encoder
 from retrieval.types import Encoder

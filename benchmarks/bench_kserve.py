@@ -12,7 +12,7 @@ interleaved, each `--repeats` times, for texts and for image files:
 - `remote, no-op server`: `remote` against a server whose encoder answers zeros at once, so what
   remains is the protocol's own cost (HTTP, (de)serialisation, the second process);
 - `triton (python backend)`: `TritonEncoder` → a real Triton 2.51 (nvidia-pytriton's tritonserver,
-  started by `cnclip triton-server`, see tests/real_triton.py) serving `cnclip export-triton
+  started by `cnclip triton-server`, see tests/support/real_triton.py) serving `cnclip export-triton
   --backend python` of the same model and precision: the batch-dynamic graphs in ONNX Runtime inside Python-backend stubs, Triton's dynamic
   batcher with the buckets as preferred sizes, images decoded by the `preprocess` model of the
   ensemble. `--no-triton` leaves it out (e.g. where nvidia-pytriton cannot run).
@@ -45,7 +45,7 @@ from PIL import Image  # noqa: E402
 from api.config import Settings  # noqa: E402
 from retrieval.errors import EncoderUnavailable  # noqa: E402
 from retrieval.types import Encoder  # noqa: E402
-from tests.real_triton import RealTriton  # noqa: E402
+from tests.support.real_triton import RealTriton  # noqa: E402
 
 
 def settings_for(model: Path, buckets: list[int], precision: str = "fp32") -> Settings:
@@ -85,7 +85,7 @@ def serve(model: Path, port: int, buckets: list[int], noop: bool, precision: str
     """The server process: /v2 around a LocalEncoder (or the no-op encoder)."""
     import uvicorn
 
-    from tests.kserve_server import local_encoder, v2_app
+    from tests.support.kserve_server import local_encoder, v2_app
 
     settings = settings_for(model, buckets, precision)
     encoder = NoopEncoder(settings) if noop else local_encoder(settings)

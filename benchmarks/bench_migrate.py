@@ -21,11 +21,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from indexer.migration import MigrateOptions  # noqa: E402
-from indexer.paging import PageRequest  # noqa: E402
+from indexer.domain.paging import PageRequest  # noqa: E402
+from indexer.domain.records import NewImage  # noqa: E402
 from indexer.runtime import open_catalog  # noqa: E402
-from indexer.service import CollectionService  # noqa: E402
-from indexer.types import NewImage  # noqa: E402
+from indexer.service.collections import CollectionService  # noqa: E402
+from indexer.service.migration import MigrateOptions  # noqa: E402
 from retrieval.fake import FakeEncoder  # noqa: E402
 
 

@@ -2,7 +2,7 @@
 
     python benchmarks/bench_search.py --sizes 10000 100000 1000000
 
-Each index goes through `indexer.vector_index.VectorIndex.search`, the code path the catalog uses
+Each index goes through `indexer.storage.vectors.faiss.index.VectorIndex.search`, the code path the catalog uses
 (re-ranking the top k·r candidates exactly from the stored vectors, here a numpy array instead of
 SQL). Recall@10 is against exact search; latency is one query at a time on one thread (as an API
 worker thread runs it), median and p95 over the queries. Memory is the serialized index per vector.
@@ -21,8 +21,8 @@ from datetime import UTC, datetime
 import faiss
 import numpy as np
 
-from indexer.vector_index import VectorIndex
-from indexer.vector_store import SearchTuning
+from indexer.storage.vectors.base import SearchTuning
+from indexer.storage.vectors.faiss.index import VectorIndex
 
 
 def unit_rows(rng: np.random.Generator, n: int, dim: int, chunk: int = 100_000) -> np.ndarray:

@@ -26,8 +26,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from api.config import Settings  # noqa: E402
+from indexer.domain.records import NewText  # noqa: E402
 from indexer.runtime import open_catalog  # noqa: E402
-from indexer.types import NewText  # noqa: E402
 
 DIM = 512
 
@@ -111,7 +111,7 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as tmp:
                 result = run(f"sqlite:///{tmp}/bench.db", args.items, args.rounds, args.repeat)
         else:
-            from tests.postgres import fresh_schema
+            from tests.support.postgres import fresh_schema
 
             with fresh_schema() as schema_url:
                 result = run(schema_url, args.items, args.rounds, args.repeat)

@@ -28,8 +28,8 @@ def prefill(collection: str, items: int, batch: int = 5000) -> None:
     """Add `items` synthetic image rows with random unit vectors straight through the catalog (the
     server must be stopped: one writer). Rows point at one shared JPEG; only search cost matters."""
     from api.config import Settings
+    from indexer.domain.records import NewImage
     from indexer.runtime import open_catalog
-    from indexer.types import NewImage
     from retrieval.manifest import ModelManifest
 
     settings = Settings()

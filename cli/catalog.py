@@ -11,18 +11,18 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from cli.errors import friendly_errors
-from indexer.paging import MAX_CANDIDATES, MAX_PAGE, SortOrder
+from indexer.domain.paging import MAX_CANDIDATES, MAX_PAGE, SortOrder
 
 if TYPE_CHECKING:
     from indexer.config import StorageSettings
-    from indexer.paging import PageRequest
-    from indexer.results import CollectionStats
+    from indexer.domain.paging import PageRequest
+    from indexer.domain.results import CollectionStats
 
 STATS_COLUMNS = ("name", "kind", "items", "vectors", "deleted", "model", "index")
 
 
 class Sort(StrEnum):
-    """`cnclip search --sort` (indexer/paging.py SortOrder): a choice, so a typo is a usage error (2)."""
+    """`cnclip search --sort` (indexer/domain/paging.py SortOrder): a choice, so a typo is a usage error (2)."""
 
     relevance = "relevance"
     taken = "taken"
@@ -104,7 +104,7 @@ def reindex(
     collection: Annotated[str, typer.Option("--collection", "-c", help="Collection whose vectors to rebuild.")],
 ) -> None:
     """Rebuild a collection's vector store (FAISS file or Milvus collection) from the vectors in SQL."""
-    from indexer.names import check_collection_name
+    from indexer.domain.names import check_collection_name
 
     check_collection_name(collection)
     count = asyncio.run(_reindex(storage_settings(), collection))
@@ -145,9 +145,9 @@ def search(
 ) -> None:
     """Search an image collection with a text query (a quick check from the shell); the same
     cutoff, orders, pages and exclusions as the API's POST /v1/search/text."""
-    from indexer.exclusion import excluded_texts
-    from indexer.names import check_collection_name
-    from indexer.paging import PageRequest
+    from indexer.domain.exclusion import excluded_texts
+    from indexer.domain.names import check_collection_name
+    from indexer.domain.paging import PageRequest
     from retrieval.errors import InvalidInput
 
     if collection is not None:
@@ -173,7 +173,7 @@ def search(
 async def _search(
     settings: StorageSettings, text: str, collection: str | None, page: PageRequest, excluded: tuple[str, ...] = ()
 ) -> dict[str, Any]:
-    from indexer.file_names import printable
+    from indexer.fs.file_names import printable
     from indexer.runtime import open_runtime
 
     async with open_runtime(settings, warm=False) as rt:

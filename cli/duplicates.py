@@ -2,7 +2,7 @@
 answer as GET /v1/collections/{name}/duplicates, searched to the end (with a progress bar) instead of
 within a request's time budget. The groups come from stored vectors and hashes; the model is loaded
 only to measure where similar shots start when the collection has no up-to-date calibration
-(indexer/duplicate_calibration.py; not with --threshold or CNCLIP_DUPLICATE_THRESHOLD)."""
+(indexer/service/duplicate_calibration.py; not with --threshold or CNCLIP_DUPLICATE_THRESHOLD)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from cli.errors import friendly_errors
-from indexer.duplicate_pages import MAX_LIMIT, MAX_OFFSET, MIN_THRESHOLD, TIERS, TierChoice
-from indexer.file_names import printable
+from indexer.domain.duplicate_pages import MAX_LIMIT, MAX_OFFSET, MIN_THRESHOLD, TIERS, TierChoice
+from indexer.fs.file_names import printable
 
 if TYPE_CHECKING:
-    from indexer.duplicates import DuplicateMember, DuplicatesPage
-    from indexer.service import CollectionService
+    from indexer.service.collections import CollectionService
+    from indexer.service.duplicates import DuplicateMember, DuplicatesPage
 
 STEP_S = 1.0  # the search runs in steps this long between progress updates
 TIER_TITLES = {
@@ -30,7 +30,7 @@ TIER_TITLES = {
 
 
 class DuplicateTier(StrEnum):
-    """`cnclip duplicates --tier` (indexer/duplicate_pages.py TIER_CHOICES)."""
+    """`cnclip duplicates --tier` (indexer/domain/duplicate_pages.py TIER_CHOICES)."""
 
     all = "all"
     identical = "identical"
@@ -60,7 +60,7 @@ def duplicates(
     """Near-duplicate groups of an image collection in three tiers (identical bytes, the same picture
     re-encoded or resized, similar shots), the suggested keeper first; nothing is deleted."""
     from cli.catalog import storage_settings
-    from indexer.names import check_collection_name
+    from indexer.domain.names import check_collection_name
 
     check_collection_name(collection)
     request = (collection, tier.value, limit, offset, threshold)
@@ -214,7 +214,7 @@ def page_json(page: DuplicatesPage) -> str:
 
 def calibration_json(page: DuplicatesPage) -> dict[str, Any] | None:
     """The stored calibration as `--json` and the API show it."""
-    from indexer.duplicate_calibration import summary
+    from indexer.service.duplicate_calibration import summary
 
     return summary(page.calibration)
 

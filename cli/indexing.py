@@ -1,5 +1,5 @@
-"""`cnclip index` and `cnclip index-texts`: the bulk indexer (indexer/pipeline.py) and the text
-loader (indexer/texts.py) from the shell, with a progress bar, a summary line and a report of bad
+"""`cnclip index` and `cnclip index-texts`: the bulk indexer (indexer/bulk/pipeline.py) and the text
+loader (indexer/bulk/texts.py) from the shell, with a progress bar, a summary line and a report of bad
 files. Neither opens a vector store before its final flush: a server running meanwhile catches its
 engine up from SQL by itself (also one that holds a Milvus Lite file)."""
 
@@ -22,7 +22,7 @@ from cli.output_paths import check_output_file, write_text_atomically
 
 if TYPE_CHECKING:
     from indexer.config import StorageSettings
-    from indexer.index_summary import IndexSummary
+    from indexer.domain.index_summary import IndexSummary
 
 SHOWN_FAILURES = 20  # bad files printed on the terminal; the report file has all of them
 INDEX_HELP = (
@@ -61,8 +61,8 @@ def index(
     """Index the images of a folder or manifest: incremental, resumable, bad files reported
     (exit status 3 when some failed). Items deleted by a user stay deleted unless --restore-deleted.
     Files indexed before photo dates existed get theirs (EXIF or mtime) without being embedded again."""
-    from indexer.index_spec import parse_index
-    from indexer.names import check_collection_name
+    from indexer.domain.index_spec import parse_index
+    from indexer.domain.names import check_collection_name
     from retrieval.errors import InvalidInput
 
     check_collection_name(collection)
@@ -104,7 +104,7 @@ async def _index(
     options: dict[str, Any],
 ) -> IndexSummary:
     from cli.progress import IndexProgress
-    from indexer.pipeline import ImageIndexer
+    from indexer.bulk.pipeline import ImageIndexer
     from indexer.runtime import open_runtime
 
     stop = asyncio.Event()
@@ -122,7 +122,7 @@ async def _index(
         loop.add_signal_handler(signal.SIGINT, on_sigint)
         try:
             await asyncio.to_thread(_check_target, rt.service, collection, dry_run, options["index_factory"])
-            if not dry_run:  # a dry run decodes images without the model (indexer/pipeline.py)
+            if not dry_run:  # a dry run decodes images without the model (indexer/bulk/pipeline.py)
                 await rt.start_encoders()
             indexer = ImageIndexer(
                 rt.service,
@@ -156,8 +156,8 @@ def index_texts(
     collection: Annotated[str, typer.Option("--collection", "-c", help="Text collection to fill.")],
 ) -> None:
     """Build a text collection (captions, tags) for image → text search."""
-    from indexer.names import check_collection_name
-    from indexer.texts import read_texts
+    from indexer.bulk.texts import read_texts
+    from indexer.domain.names import check_collection_name
     from retrieval.errors import InvalidInput
 
     check_collection_name(collection)
@@ -170,8 +170,8 @@ def index_texts(
 
 
 async def _index_texts(settings: StorageSettings, collection: str, texts: list[Any]) -> tuple[int, int]:
+    from indexer.bulk.texts import index_texts as add_texts
     from indexer.runtime import open_runtime
-    from indexer.texts import index_texts as add_texts
 
     async with open_runtime(settings, warm=False) as rt:
         assert rt.service is not None
@@ -185,7 +185,7 @@ def _stamp() -> str:
 
 
 def _write_report(path: Path, failures: list[tuple[str, str]]) -> None:
-    from indexer.file_names import printable
+    from indexer.fs.file_names import printable
 
     path.parent.mkdir(parents=True, exist_ok=True)
     # A name with undecodable bytes is shown as `\\xNN`: the report is UTF-8 text.
@@ -196,7 +196,7 @@ def _write_report(path: Path, failures: list[tuple[str, str]]) -> None:
 
 
 def _print_summary(summary: IndexSummary, dry_run: bool) -> None:
-    from indexer.file_names import printable
+    from indexer.fs.file_names import printable
 
     if dry_run:
         typer.echo(

@@ -16,8 +16,8 @@ import typer
 from cli.errors import friendly_errors
 
 if TYPE_CHECKING:
-    from indexer.generations import Generation, MigrationStatus
-    from indexer.migration import MigrateOptions, MigrateReport
+    from indexer.service.migration import MigrateOptions, MigrateReport
+    from indexer.storage.sql.generations import Generation, MigrationStatus
 
 ACTIONS = ("status", "swap", "rollback", "drop_old", "drop_shadow")
 
@@ -49,8 +49,8 @@ def migrate(
     """Re-embed a collection with another model while searches go on, then swap atomically."""
     from cli.catalog import storage_settings
     from cli.serving import exit_on_bad_model_dir
-    from indexer.migration import MigrateOptions
-    from indexer.names import check_collection_name
+    from indexer.domain.names import check_collection_name
+    from indexer.service.migration import MigrateOptions
 
     check_collection_name(collection)
     chosen = [name for name, on in zip(ACTIONS, (status, swap, rollback, drop_old, drop_shadow), strict=True) if on]
@@ -99,7 +99,7 @@ async def _migrate(settings: Any, service: Any, collection: str, model: Path, op
     try:
         await asyncio.to_thread(service.check_migration, collection, encoder)  # one line, before the bar
         with rebuild_progress(collection) as update:
-            # The directory, absolute, is recorded for servers that meet the swap (indexer/model_loader.py).
+            # The directory, absolute, is recorded for servers that meet the swap (indexer/service/model_loader.py).
             return await service.migrate(collection, encoder, options, update, os.path.abspath(model))  # type: ignore[no-any-return]
     finally:
         await encoder.close()

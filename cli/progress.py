@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 if TYPE_CHECKING:
-    from indexer.index_summary import IndexSummary
+    from indexer.domain.index_summary import IndexSummary
 
 
 class IndexProgress:

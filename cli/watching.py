@@ -1,7 +1,7 @@
 """`cnclip index PATH --collection NAME --watch`: the first pass with the progress bar and the summary
 line of `cnclip index`, then one line per pass that changed something, until Ctrl-C or SIGTERM (the
 batches in flight finish; exit status 0). Ctrl-C during the first pass is `cnclip index`'s: 130, and
-the same command resumes. The watcher itself is indexer/watch.py."""
+the same command resumes. The watcher itself is indexer/watch/watcher.py."""
 
 from __future__ import annotations
 
@@ -19,8 +19,8 @@ from cli.errors import EXIT_INTERRUPTED
 if TYPE_CHECKING:
     from cli.progress import IndexProgress
     from indexer.config import StorageSettings
-    from indexer.index_summary import IndexSummary
-    from indexer.watch import FolderWatcher
+    from indexer.domain.index_summary import IndexSummary
+    from indexer.watch.watcher import FolderWatcher
 
 WatchFlags = tuple[bool, bool, float | None, bool]  # --watch, --dry-run, --rescan-interval, --poll
 
@@ -51,7 +51,7 @@ async def _watch(
 ) -> int:
     from cli.progress import IndexProgress
     from indexer.runtime import open_runtime
-    from indexer.watch import FolderWatcher, WatchOptions
+    from indexer.watch.watcher import FolderWatcher, WatchOptions
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -14,7 +14,7 @@ people complain of "duplicates" that are different pictures far more than of a f
 Vectors come from the int8 graphs, what `cnclip serve` runs on a CPU (fp32 gives the same threshold:
 `--precision fp32`).
 
-Perceptual hash (the "re-encoded or resized" tier, indexer/perceptual.py): the Hamming distance between
+Perceptual hash (the "re-encoded or resized" tier, indexer/domain/perceptual.py): the Hamming distance between
 a picture and its edits (re-encoded as JPEG q40, WebP q60, PNG; resized to half, quarter, double), and
 between distinct pictures, on photo-like pictures (1/f noise, the spectrum of natural photos) and on the
 demo gallery (flat drawn shapes, the hash's weak case: distinct pictures can hash alike there, which is
@@ -36,7 +36,7 @@ from PIL import Image
 
 from demo import dataset
 from demo.evaluate import OnnxTowers
-from indexer.perceptual import phash_of_bytes
+from indexer.domain.perceptual import phash_of_bytes
 from retrieval.config import SHIPPED_MODEL_DIR
 
 OTHER_SHOT_SEED = 7_777_777

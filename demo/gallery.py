@@ -24,8 +24,8 @@ from api.config import Settings
 from demo import dataset
 
 if TYPE_CHECKING:
-    from indexer.index_summary import IndexSummary
-    from indexer.service import CollectionService
+    from indexer.domain.index_summary import IndexSummary
+    from indexer.service.collections import CollectionService
 
 IMAGE_COLLECTION = "demo"
 TEXT_COLLECTION = "demo-texts"
@@ -130,9 +130,9 @@ class ProgressBar(Protocol):
 
 async def index_demo(settings: Settings, files: DemoFiles, progress: ProgressBar | None = None) -> DemoIndexResult:
     """Index the gallery with the bulk indexer (with `progress` shown) and the texts into their collection."""
-    from indexer.pipeline import ImageIndexer
+    from indexer.bulk.pipeline import ImageIndexer
+    from indexer.bulk.texts import index_texts, read_texts
     from indexer.runtime import open_runtime
-    from indexer.texts import index_texts, read_texts
 
     async with open_runtime(settings, stores="now", warm=False) as rt:
         assert rt.service is not None

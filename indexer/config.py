@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from pydantic import Field, SecretStr, field_validator
 
-from indexer.index_spec import InvalidIndexDescription, parse_index
-from indexer.watch_settings import WatchTuning
+from indexer.domain.index_spec import InvalidIndexDescription, parse_index
+from indexer.watch.settings import WatchTuning
 from retrieval.config import RuntimeSettings
 from retrieval.errors import InvalidInput
 from retrieval.machine_limits import io_threads_refusal
 
 
 class StorageSettings(WatchTuning, RuntimeSettings):
-    """The storage layer's part (with the folder watchers' tuning, indexer/watch_settings.py)."""
+    """The storage layer's part (with the folder watchers' tuning, indexer/watch/settings.py)."""
 
     database_url: str | None = Field(
         None, description="SQLAlchemy URL; empty = SQLite file `catalog.db` under the data dir."
@@ -121,7 +121,7 @@ class StorageSettings(WatchTuning, RuntimeSettings):
     @field_validator("index_factory")
     @classmethod
     def _parsed_index(cls, value: str) -> str:
-        # The grammar of indexer/index_spec.py (the vector dimension is checked when a collection is made).
+        # The grammar of indexer/domain/index_spec.py (the vector dimension is checked when a collection is made).
         try:
             return parse_index(value).description
         except InvalidIndexDescription as exc:
@@ -130,8 +130,8 @@ class StorageSettings(WatchTuning, RuntimeSettings):
     @field_validator("vector_store")
     @classmethod
     def _known_engine(cls, value: str) -> str:
-        # The names are the registry's (indexer/engines.py): an engine added there is a valid value here.
-        from indexer.engines import engine_record
+        # The names are the registry's (indexer/storage/vectors/registry.py): an engine added there is a valid value here.
+        from indexer.storage.vectors.registry import engine_record
 
         try:
             return engine_record(value).name

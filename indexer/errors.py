@@ -54,7 +54,7 @@ class VectorStoreUnavailable(VectorStoreError):
 class CollectionUnavailable(VectorStoreUnavailable):
     """One collection's vector store cannot be opened, built or searched now (a damaged or unreadable
     index file, a failure inside the engine): that collection is degraded and answers 503 while the
-    others are served; it is opened again after a back-off (indexer/store_health.py). The message is
+    others are served; it is opened again after a back-off (indexer/storage/store_health.py). The message is
     written for clients (it names the collection, not the cause: the server log has that)."""
 
     code = "collection_unavailable"
@@ -69,7 +69,7 @@ class VectorStoreIncompatible(VectorStoreError):
 
 
 class MigrationRefused(CnclipError):
-    """A model migration step that cannot be taken now (indexer/generations.py): a swap before the new
+    """A model migration step that cannot be taken now (indexer/storage/sql/generations.py): a swap before the new
     generation covers every item, a rollback with nothing to go back to, a second migration to another
     model while one runs. The message says what to do instead."""
 

@@ -25,12 +25,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, Literal
 
-from indexer.catalog import SqlCatalog
-from indexer.db import check_database, create_db_engine, upgrade, upgrade_settings_db
-from indexer.engines import engine_record, open_vector_engine
-from indexer.model_loader import ModelLoader
-from indexer.service import CollectionService, collection_service
-from indexer.types import Catalog
+from indexer.domain.records import Catalog
+from indexer.service.collections import CollectionService, collection_service
+from indexer.service.model_loader import ModelLoader
+from indexer.storage.catalog import SqlCatalog
+from indexer.storage.sql.db import check_database, create_db_engine, upgrade, upgrade_settings_db
+from indexer.storage.vectors.registry import engine_record, open_vector_engine
 from retrieval.encoder import create_encoder
 from retrieval.errors import EncoderUnavailable
 from retrieval.types import Encoder, EncoderObserver

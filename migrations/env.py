@@ -6,8 +6,8 @@ from __future__ import annotations
 from alembic import context
 
 from indexer.config import StorageSettings
-from indexer.db import create_db_engine
-from indexer.models import Base
+from indexer.storage.sql.db import create_db_engine
+from indexer.storage.sql.models import Base
 
 config = context.config
 target_metadata = Base.metadata

@@ -15,7 +15,7 @@ These are starting points the web UI offers (and a user may change), measured as
 An unknown model gets no suggestion: the UI then shows every result until the user sets a cutoff.
 
 Where "similar shots" start (`cnclip duplicates`, the third tier: image-image cosine to the group's
-keeper at least this) when a collection has no calibration of its own (indexer/duplicate_calibration.py
+keeper at least this) when a collection has no calibration of its own (indexer/service/duplicate_calibration.py
 measures one per collection with its model; this is the fallback of a process without that model, and
 of collections too small to measure), per model, as `duplicate_threshold(model_id)`:
 - cnclip-demo: 0.88, measured by `python -m demo.duplicate_threshold` on the demo gallery (300 scenes):

@@ -12,7 +12,7 @@ import pytest
 from api.config import Settings
 from retrieval.toy_model import write_toy_model
 
-pytest_plugins = ["tests.browser_fixtures"]  # browser, width, log for the browser tests
+pytest_plugins = ["tests.support.browser_fixtures"]  # browser, width, log for the browser tests
 
 # The default run pairs each Milvus engine with one database, not both: the real server with
 # PostgreSQL (a deployment's pairing), Milvus Lite with SQLite (a single machine's); FAISS keeps both.
@@ -52,7 +52,7 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'db' / 'catalog.db'}"
         return
-    from tests.postgres import fresh_schema
+    from tests.support.postgres import fresh_schema
 
     with fresh_schema() as url:
         yield url
@@ -107,8 +107,8 @@ class EngineUnderTest:
 
 @pytest.fixture(scope="session")
 def milvus_server() -> Iterator[Any]:
-    """The real Milvus server (tests/real_milvus.py), started once per test run when a test asks."""
-    from tests.real_milvus import RealMilvus, unavailable_reason
+    """The real Milvus server (tests/support/real_milvus.py), started once per test run when a test asks."""
+    from tests.support.real_milvus import RealMilvus, unavailable_reason
 
     reason = unavailable_reason()
     if reason is not None:

@@ -95,7 +95,7 @@ async function searchText(event) {
 }
 
 // ---------------------------------------------------------------- image input: drop, paste, pick
-// What an <img> shows in every current browser (indexer/renditions.py BROWSER_MIMES).
+// What an <img> shows in every current browser (indexer/domain/renditions.py BROWSER_MIMES).
 const BROWSER_MIMES = new Set(["image/jpeg", "image/png", "image/webp", "image/gif", "image/avif", "image/bmp"]);
 // Photos a browser may not label "image/…" (a camera RAW, HEIC on some systems): accepted by name.
 const PHOTO_NAMES = /\.(tiff?|heic|heif|hif|avif|dng|cr2|cr3|nef|arw|raf|orf|rw2)$/i;

@@ -104,7 +104,7 @@ function renderDuplicates(body) {
   $(".dup-pager", root).hidden = body.total <= DUP_PAGE && body.offset === 0;
 }
 
-// indexer/keeper.py's reason codes: why the first member is the one to keep.
+// indexer/service/keeper.py's reason codes: why the first member is the one to keep.
 const KEEPER_REASON = {
   more_detail: "细节最多（不是放大的副本，也不是缩小的副本）",
   not_upscaled: "没有被放大",

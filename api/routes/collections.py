@@ -1,5 +1,5 @@
 """Collections and adding to them: images (multipart upload) and texts (JSON). The rules (names,
-model, kind, the cap) are the collection service's (indexer/service.py)."""
+model, kind, the cap) are the collection service's (indexer/service/collections.py)."""
 
 from __future__ import annotations
 
@@ -28,9 +28,9 @@ from api.schemas import (
     MigrationOut,
 )
 from api.uploads import inspect_image, parse_string_list, read_upload
-from indexer.names import COLLECTION_NAME_PATTERN
-from indexer.service import CollectionService
-from indexer.types import CollectionInfo, NewText
+from indexer.domain.names import COLLECTION_NAME_PATTERN
+from indexer.domain.records import CollectionInfo, NewText
+from indexer.service.collections import CollectionService
 from retrieval.relevance import suggested_min_scores
 
 router = APIRouter(prefix="/v1/collections", tags=["collections"], route_class=GuardedRoute)

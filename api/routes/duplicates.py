@@ -1,4 +1,4 @@
-"""Near-duplicate groups of an image collection, to review (the rules: indexer/duplicates.py through
+"""Near-duplicate groups of an image collection, to review (the rules: indexer/service/duplicates.py through
 the collection service). Deleting a member is DELETE /v1/items/{id}: remembered, like any deletion."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from api.duplicate_schemas import TIER_DOC, DuplicatesResponse, duplicates_out
 from api.guarded_route import GuardedRoute
 from api.routes.collections import Name
 from api.searching import StageTimer
-from indexer.duplicate_pages import MAX_LIMIT, MAX_OFFSET, TierChoice
+from indexer.domain.duplicate_pages import MAX_LIMIT, MAX_OFFSET, TierChoice
 
 router = APIRouter(prefix="/v1/collections", tags=["collections"], route_class=GuardedRoute)
 

@@ -1,7 +1,7 @@
 """Items by id: metadata, the image, its thumbnail, similar images, delete.
 
 Media are served only by item id: the file path comes from the catalog, never from the client, and
-the collection service reads the bytes served (`indexer.media_check.read_media`): once, from a descriptor reached without
+the collection service reads the bytes served (`indexer.storage.media.check.read_media`): once, from a descriptor reached without
 leaving the indexed folder, checked against the recorded sha256. A file that changed is 410, one
 missing or out of its folder 404; never other bytes, never a response cut short.
 """
@@ -31,9 +31,9 @@ from api.schemas import (
 )
 from api.schemas import Query as QueryText
 from api.searching import StageTimer, item_out, page_out, to_search_filters
-from indexer.exclusion import MAX_EXCLUDED
-from indexer.paging import PageRequest, SortOrder
-from indexer.renditions import jpeg_rendition
+from indexer.domain.exclusion import MAX_EXCLUDED
+from indexer.domain.paging import PageRequest, SortOrder
+from indexer.domain.renditions import jpeg_rendition
 
 router = APIRouter(prefix="/v1/items", tags=["items"], route_class=GuardedRoute)
 

@@ -22,9 +22,9 @@ from api.schemas import (
 )
 from api.searching import StageTimer, page_out, to_search_filters
 from api.uploads import inspect_image, read_upload
-from indexer.exclusion import MAX_EXCLUDED
-from indexer.names import COLLECTION_NAME_PATTERN
-from indexer.paging import PageRequest, SortOrder
+from indexer.domain.exclusion import MAX_EXCLUDED
+from indexer.domain.names import COLLECTION_NAME_PATTERN
+from indexer.domain.paging import PageRequest, SortOrder
 
 router = APIRouter(prefix="/v1/search", tags=["search"], dependencies=[ReadAccess], route_class=GuardedRoute)
 

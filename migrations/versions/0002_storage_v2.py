@@ -46,7 +46,7 @@ def upgrade() -> None:
             sa.text("UPDATE collections SET name = :name, name_key = :key, vector_key = :vkey WHERE id = :id"),
             {"name": name, "key": key, "vkey": uuid.uuid4().hex, "id": collection_id},
         )
-    # SQLite copies the table here (indexer/db.py turns foreign keys off meanwhile, so the copy's DROP
+    # SQLite copies the table here (indexer/storage/sql/db.py turns foreign keys off meanwhile, so the copy's DROP
     # cascades to nothing); the copy gains AUTOINCREMENT: ids of deleted collections are never reused.
     sqlite = connection.dialect.name == "sqlite"
     with op.batch_alter_table(

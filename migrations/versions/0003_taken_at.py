@@ -3,7 +3,7 @@ upload), indexed per collection for date filters and date sorting.
 
 Uploads keep no path to read again, so theirs is their upload time (source `upload`). Files indexed
 from folders get NULL here: `cnclip index` of their folder reads their EXIF (or mtime) and fills it
-in without embedding anything again (indexer/pipeline.py).
+in without embedding anything again (indexer/bulk/pipeline.py).
 
 Revision ID: 0003
 Revises: 0002

@@ -1,4 +1,4 @@
-"""Near-duplicate groups: `items.phash` (a 64-bit perceptual hash, indexer/perceptual.py) and
+"""Near-duplicate groups: `items.phash` (a 64-bit perceptual hash, indexer/domain/perceptual.py) and
 `item_copies` (other files with the bytes of an item of the same collection, indexer/copies.py).
 
 Existing images get NULL: `cnclip index` of their folder hashes them without embedding anything

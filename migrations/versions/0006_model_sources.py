@@ -1,5 +1,5 @@
 """Model sources: the directory `cnclip migrate --model DIR` loaded each model from, by model id, so that
-a server meeting a swap to a model it does not hold can load it (indexer/model_loader.py) instead of
+a server meeting a swap to a model it does not hold can load it (indexer/service/model_loader.py) instead of
 refusing the collection's searches until it restarts.
 
 Revision ID: 0006

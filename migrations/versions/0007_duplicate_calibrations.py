@@ -1,5 +1,5 @@
 """Duplicate calibrations: the similar-shots threshold measured per collection with its model
-(indexer/duplicate_calibration.py), instead of one constant per model.
+(indexer/service/duplicate_calibration.py), instead of one constant per model.
 
 Revision ID: 0007
 Revises: 0006

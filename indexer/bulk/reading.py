@@ -1,0 +1,124 @@
+"""The reader stage of `cnclip index`: read, hash, probe and date one file (in reader threads), and
+take the perceptual hash (indexer/domain/perceptual.py) of the files that will be embedded."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from indexer.bulk.sources import SourceEntry, looks_like_image
+from indexer.domain.perceptual import phash_of_bytes
+from indexer.domain.records import FileState
+from indexer.fs.safe_open import FileRefused, open_inside
+from indexer.storage.sql.taken import Taken, taken_from, taken_of
+from retrieval.errors import InvalidImage
+from retrieval.preprocess import DEFAULT_MAX_BYTES, read_header
+
+_HEAD = 16  # bytes enough to tell an image's signature (indexer/bulk/sources.py)
+
+
+@dataclass
+class PreparedFile:
+    """One file read, hashed, probed and dated by a reader thread, ready to embed."""
+
+    entry: SourceEntry
+    data: bytes
+    sha256: str
+    mime: str
+    width: int
+    height: int
+    size: int
+    mtime: float
+    replaces: int | None  # the row of this path's previous content
+    taken: Taken
+    decode_error: str | None = None  # (the dry run) why the encoder would refuse the pixels
+    phash: int | None = None  # perceptual hash, taken when `needs_hash` said so
+
+
+class TooLarge(Exception):
+    """A file over the byte limit, refused before its bytes are read: `head` (its first bytes) says
+    whether it claims to be an image."""
+
+    def __init__(self, size: int, limit: int, head: bytes) -> None:
+        super().__init__(f"the image is {size:,} bytes; the limit is {limit:,} bytes")
+        self.head = head
+
+
+def _read_inside(entry: SourceEntry, max_bytes: int = DEFAULT_MAX_BYTES) -> tuple[bytes, float]:
+    """The file's bytes and mtime, read from one descriptor opened without leaving the walked folder
+    (indexer/fs/safe_open.py): a file swapped for a link out of the folder after the walk is not read.
+    At most `max_bytes` are ever held: the descriptor's size is checked before reading, and the read
+    stops one byte past the limit (a file growing meanwhile, a sparse 3 GB file, is refused, not
+    read whole). Raises `TooLarge`, `FileRefused` or `OSError`."""
+    with os.fdopen(open_inside(entry.path, entry.root), "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size > max_bytes:
+            raise TooLarge(size, max_bytes, f.read(_HEAD))
+        data = f.read(max_bytes + 1)
+        if len(data) > max_bytes:  # it grew after the fstat
+            raise TooLarge(max(len(data), os.fstat(f.fileno()).st_size), max_bytes, data[:_HEAD])
+        return data, os.fstat(f.fileno()).st_mtime
+
+
+def read_file(
+    entry: SourceEntry,
+    state: FileState | None,
+    decode: Callable[[bytes], object] | None = None,
+    needs_hash: Callable[[str], bool] | None = None,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+) -> PreparedFile | tuple[str, str] | None:
+    """Read, hash and probe one file (reader thread). None: not an image; (path, reason): a bad file.
+
+    `decode` (the dry run): also decode the pixels the way the encoder will and keep why that fails
+    (a truncated JPEG: its header is fine, its data is not), for the files the run would embed.
+    `needs_hash(sha256)`: whether to take the perceptual hash (not for bytes the collection has: a
+    rename or a copy costs no decoding). `max_bytes`: the server's image limit; a larger file is a
+    bad file (when it claims to be an image) and is never read whole."""
+    try:
+        data, mtime = _read_inside(entry, max_bytes)
+    except TooLarge as exc:
+        if entry.listed or looks_like_image(entry.path, exc.head):
+            return str(entry.path), str(exc)
+        return None
+    except FileRefused as exc:
+        return str(entry.path), f"not read: {exc.message}"
+    except OSError as exc:
+        return str(entry.path), f"cannot read: {exc.strerror or exc}"
+    try:
+        header = read_header(data, max_bytes)  # the one header read of this file: format, size, EXIF date
+    except InvalidImage as exc:
+        if entry.listed or looks_like_image(entry.path, data[:16]):
+            return str(entry.path), exc.message
+        return None
+    sha = hashlib.sha256(data).hexdigest()
+    replaces = state.id if state is not None and state.sha256 != sha else None
+    taken = taken_from(header, mtime)
+    decode_error = None
+    if decode is not None:
+        try:
+            decode(data)
+        except InvalidImage as exc:
+            decode_error = exc.message
+    size = len(data)
+    phash = phash_of_bytes(data) if needs_hash is not None and needs_hash(sha) else None
+    return PreparedFile(
+        entry, data, sha, header.mime, header.width, header.height, size, mtime, replaces, taken, decode_error, phash
+    )
+
+
+def read_phash(entry: SourceEntry, max_bytes: int = DEFAULT_MAX_BYTES) -> int | None:
+    """The perceptual hash of a file already indexed (the backfill); None when it cannot be read now."""
+    try:
+        return phash_of_bytes(_read_inside(entry, max_bytes)[0], max_bytes)
+    except (TooLarge, FileRefused, OSError):
+        return None
+
+
+def read_taken(entry: SourceEntry, max_bytes: int = DEFAULT_MAX_BYTES) -> Taken | None:
+    """The date of a file already indexed (the backfill); None when it cannot be read now."""
+    try:
+        return taken_of(*_read_inside(entry, max_bytes))
+    except (TooLarge, FileRefused, OSError):
+        return None

@@ -1,0 +1,549 @@
+"""Settings, tuning files and model directories as an attacker writes them (issue 28, item 3): every
+hostile value stops `cnclip serve` / `cnclip migrate --model` with ONE line on stderr and status 2 —
+never a traceback, never a hang (each run has a timeout), never more threads than the machine has.
+
+The table is by class, one row per way in: a FIFO or a device where a file is named, JSON nested
+50,000 deep or with a key twice, numbers out of range, a manifest that lies about its graphs, a graph
+that is no file, more threads or streams than cores, a budget nothing fits in, a watched collection
+its watcher refuses. Beside it: the thread bound measured on a running encoder, a failed migration
+that leaves no shadow behind, and a non-ASCII API key over real HTTP."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from pydantic import SecretStr
+
+from api.app import create_app
+from api.config import Settings
+from indexer.service.collections import CollectionService
+from indexer.service.migration import MigrateOptions
+from retrieval.errors import ModelError
+from retrieval.fake import FakeEncoder
+from retrieval.machine_limits import inference_threads_refusal, usable_cores
+from retrieval.manifest import MANIFEST_NAME, ModelManifest
+from retrieval.regular_file import UnusableFile, read_regular
+from retrieval.toy_model import write_toy_model
+from retrieval.tuning import TUNING_NAME, machine_fingerprint, read_tuning
+from tests.support.api_helpers import open_test_catalog
+from tests.support.indexer_helpers import cli_env, jpeg
+from tests.support.live_server import LiveServer
+
+DEEP = "[" * 50_000
+CORES = usable_cores()
+RUN_TIMEOUT_S = 120  # a hang fails the test instead of the suite
+
+
+@pytest.fixture(scope="module")
+def toy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A small toy model, copied by each case that spoils it."""
+    model = tmp_path_factory.mktemp("hostile") / "model"
+    write_toy_model(model, buckets=(1,), int8=False)
+    return model
+
+
+def spoiled(toy: Path, tmp: Path, change: Callable[[Path], None]) -> Path:
+    model = tmp / "bad-model"
+    shutil.copytree(toy, model)
+    change(model)
+    return model
+
+
+def manifest_edit(**fields: Any) -> Callable[[Path], None]:
+    """Set top-level manifest fields (None: delete); `towers.image=…` style keys reach one level down."""
+
+    def change(model: Path) -> None:
+        raw = json.loads((model / MANIFEST_NAME).read_text())
+        for key, value in fields.items():
+            head, _, tail = key.partition("__")
+            target = raw[head] if tail else raw
+            target[tail or head] = value
+        (model / MANIFEST_NAME).write_text(json.dumps(raw))
+
+    return change
+
+
+def manifest_text(text: str) -> Callable[[Path], None]:
+    return lambda model: (model / MANIFEST_NAME).write_text(text)
+
+
+def graph_replaced(how: str) -> Callable[[Path], None]:
+    """The first image graph swapped for a FIFO, a link to /dev/zero, or an 8 GiB sparse file."""
+
+    def change(model: Path) -> None:
+        graph = model / "image.fp32.b1.onnx"
+        graph.unlink()
+        if how == "fifo":
+            os.mkfifo(graph)
+        elif how == "zero":
+            graph.symlink_to("/dev/zero")
+        else:
+            with graph.open("wb") as f:
+                f.truncate(8 << 30)
+
+    return change
+
+
+def linked_to(name: str, target: str) -> Callable[[Path], None]:
+    """The model's file `name` swapped for a symbolic link to `target`."""
+
+    def change(model: Path) -> None:
+        (model / name).unlink()
+        (model / name).symlink_to(target)
+
+    return change
+
+
+def fifo_at(path: Path) -> Path:
+    os.mkfifo(path)
+    return path
+
+
+# (case, env builder (tmp, toy model) -> extra env, words the one line must hold)
+SERVE_CASES: list[tuple[str, Callable[[Path, Path], dict[str, str]], str]] = [
+    ("tuning file a FIFO", lambda t, m: {"CNCLIP_TUNING_FILE": str(fifo_at(t / "fifo"))}, "is a FIFO"),
+    ("tuning file /dev/zero", lambda t, m: {"CNCLIP_TUNING_FILE": "/dev/zero"}, "is a character device"),
+    ("tuning file a directory", lambda t, m: {"CNCLIP_TUNING_FILE": str(t)}, "is a directory"),
+    ("watch nested 50,000 deep", lambda t, m: {"CNCLIP_WATCH": DEEP}, "nested too deeply"),
+    ("watch with a key twice", lambda t, m: {"CNCLIP_WATCH": f'{{"{t}": "a", "{t}": "b"}}'}, "appears twice"),
+    ("model dirs nested 50,000 deep", lambda t, m: {"CNCLIP_MODEL_DIRS": DEEP}, "nested too deeply"),
+    ("buckets nested 50,000 deep", lambda t, m: {"CNCLIP_BUCKETS": DEEP}, "nested too deeply"),
+    ("text lengths with 100,000 digits", lambda t, m: {"CNCLIP_TEXT_LENGTHS": "[" + "9" * 100_000 + "]"}, "JSON"),
+    ("streams beyond the cores", lambda t, m: {"CNCLIP_STREAMS": str(CORES + 1)}, "cores"),
+    ("4096 threads per stream", lambda t, m: {"CNCLIP_THREADS_PER_STREAM": "4096"}, "cores"),
+    (
+        "streams × threads beyond the cores",
+        lambda t, m: {"CNCLIP_STREAMS": "1", "CNCLIP_THREADS_PER_STREAM": str(CORES + 1)},
+        "cores",
+    ),  # fmt: skip
+    ("100,000 read threads", lambda t, m: {"CNCLIP_INDEX_READ_THREADS": "100000"}, "per core"),
+    ("memory budget 1 MB", lambda t, m: {"CNCLIP_MEMORY_BUDGET_MB": "1"}, "CNCLIP_MEMORY_BUDGET_MB=1"),
+    ("API key not UTF-8", lambda t, m: {"CNCLIP_API_KEY": "ab\udcffc"}, "is not UTF-8 text"),
+    ("API key with a newline", lambda t, m: {"CNCLIP_API_KEY": "ab\ncd"}, "control characters"),
+    ("a timeout of inf", lambda t, m: {"CNCLIP_HEADER_READ_TIMEOUT_S": "inf"}, "finite number"),
+    ("a queue delay of nan", lambda t, m: {"CNCLIP_MAX_QUEUE_DELAY_MS": "nan"}, "finite number"),
+    (
+        "storage: the SQLite file a FIFO",
+        lambda t, m: {"CNCLIP_DATABASE_URL": f"sqlite:///{fifo_at(t / 'c.db')}"},
+        "is a FIFO",
+    ),  # fmt: skip
+    (
+        "storage: the Milvus Lite file a FIFO",
+        lambda t, m: {"CNCLIP_VECTOR_STORE": "milvus", "CNCLIP_MILVUS_URI": str(fifo_at(t / "m.db"))},
+        "is a FIFO",
+    ),  # fmt: skip
+    ("data dir /dev/null", lambda t, m: {"CNCLIP_DATA_DIR": "/dev/null"}, "is not a folder"),
+    ("database URL not a URL", lambda t, m: {"CNCLIP_DATABASE_URL": "garbage"}, "not a database URL"),
+    ("port out of range", lambda t, m: {"CNCLIP_PORT": "99999"}, "CNCLIP_PORT"),
+    ("model dir a FIFO", lambda t, m: {"CNCLIP_MODEL_DIR": str(fifo_at(t / "fifo"))}, "Not a directory"),
+    (
+        "model dirs naming a FIFO manifest",
+        lambda t, m: _model_dirs(spoiled(m, t, lambda d: (d / MANIFEST_NAME).unlink() or os.mkfifo(d / MANIFEST_NAME))),
+        "FIFO",
+    ),  # fmt: skip
+    # The hidden set's kind: every way a folder's name can fail is one line, not an OSError from mkdir.
+    ("data dir a name too long", lambda t, m: {"CNCLIP_DATA_DIR": str(t / ("9" * 300))}, "(File name too long)"),
+    (
+        "data dir a link to nothing",
+        lambda t, m: {"CNCLIP_DATA_DIR": str(_link(t / "d", t / "gone"))},
+        "link to nothing",
+    ),
+    (
+        "data dir inside a link to nothing",
+        lambda t, m: {"CNCLIP_DATA_DIR": str(_link(t / "d", t / "gone") / "sub")},
+        "cannot be made",
+    ),  # fmt: skip
+    ("data dir a loop of links", lambda t, m: {"CNCLIP_DATA_DIR": str(_loop(t))}, "symbolic links"),
+    ("data dir under a file", lambda t, m: {"CNCLIP_DATA_DIR": str(_file(t / "f") / "sub")}, "(Not a directory)"),
+    ("data dir not UTF-8", lambda t, m: {"CNCLIP_DATA_DIR": str(t) + "/\udcff"}, "is not UTF-8 text"),
+    # One line per setting, however many errors pydantic finds in it (one per item, one per union branch).
+    ("10,000 bad buckets", lambda t, m: {"CNCLIP_BUCKETS": json.dumps(["a"] * 10_000)}, "(and 9,998 more)"),
+    ("memory budget -1 (a union)", lambda t, m: {"CNCLIP_MEMORY_BUDGET_MB": "-1"}, "'auto'; or "),
+    # Numbers that reach FAISS's C++ ints are bounded where they enter (an OverflowError degraded HNSW).
+    ("ef_search 10^20", lambda t, m: {"CNCLIP_INDEX_EF_SEARCH": "9" * 20}, "CNCLIP_INDEX_EF_SEARCH"),
+    ("nprobe 10^20", lambda t, m: {"CNCLIP_INDEX_NPROBE": "9" * 20}, "CNCLIP_INDEX_NPROBE"),
+    ("rerank factor 10^20", lambda t, m: {"CNCLIP_SEARCH_RERANK_FACTOR": "9" * 20}, "CNCLIP_SEARCH_RERANK_FACTOR"),
+    # URLs: parsed with the settings by the one parser their user has, never a ValueError at start-up.
+    ("encoder port out of range", lambda t, m: {"CNCLIP_ENCODER": "triton://h:99999"}, "Port out of range"),
+    ("encoder IPv6 unclosed", lambda t, m: {"CNCLIP_ENCODER": "triton://[::1"}, "Invalid IPv6 URL"),
+    ("encoder host not UTF-8", lambda t, m: {"CNCLIP_ENCODER": "triton://\udcff:8000"}, "printable ASCII"),
+    ("database URL of a driver not installed", lambda t, m: {"CNCLIP_DATABASE_URL": "mysql://x/y"}, "not a supported"),
+    ("database URL not UTF-8", lambda t, m: {"CNCLIP_DATABASE_URL": "postgresql://\udcff@h/db"}, "is not UTF-8 text"),
+    (
+        "storage: the SQLite file a link to /proc/self/mem",
+        lambda t, m: {"CNCLIP_DATABASE_URL": f"sqlite:///{_link(t / 'c.db', Path('/proc/self/mem'))}"},
+        "cannot be read (Input/output error)",
+    ),  # fmt: skip
+    (
+        "storage: the SQLite file in /proc",
+        lambda t, m: {"CNCLIP_DATABASE_URL": "sqlite:////proc/self/c.db"},
+        "cannot be used",
+    ),
+    (
+        "storage: the SQLite file a name too long",
+        lambda t, m: {"CNCLIP_DATABASE_URL": f"sqlite:///{t / ('9' * 300)}"},
+        "(File name too long)",
+    ),  # fmt: skip
+]
+
+
+def _link(path: Path, target: Path) -> Path:
+    path.symlink_to(target)
+    return path
+
+
+def _loop(tmp: Path) -> Path:
+    (tmp / "loop-a").symlink_to(tmp / "loop-b")
+    (tmp / "loop-b").symlink_to(tmp / "loop-a")
+    return tmp / "loop-a"
+
+
+def _file(path: Path) -> Path:
+    path.write_text("x")
+    return path
+
+
+# Model directories, each named by CNCLIP_MODEL_DIRS to `cnclip serve` and by --model to `cnclip migrate`.
+MODEL_CASES: list[tuple[str, Callable[[Path], None], str]] = [
+    ("manifest not JSON", manifest_text("{not json"), "not valid JSON"),
+    ("manifest nested 50,000 deep", manifest_text(DEEP), "nested too deeply"),
+    ("manifest with a key twice", manifest_text('{"format": 1, "format": 2}'), "appears twice"),
+    ("mean as strings", manifest_edit(mean=["0.5", "0.5", "0.5"]), "'mean' must be 3 finite numbers"),
+    ("std of zero", manifest_edit(std=[0, 1, 1]), "'std' must be 3 finite numbers above 0"),
+    ("towers.image an int", manifest_edit(towers__image=7), "tower 'image' must be an object"),
+    ("image_size 225", manifest_edit(image_size=225), "manifest.json says [1, 3, 225, 225]"),
+    ("embed_dim 10^30", manifest_edit(embed_dim=10**30), "'embed_dim' must lie in"),
+    ("embed_dim the graphs do not give", manifest_edit(embed_dim=64), "manifest.json says [1, 64]"),
+    ("context_length a string", manifest_edit(context_length="52"), "'context_length' has the wrong type"),
+    ("logit_scale negative", manifest_edit(logit_scale=-1), "'logit_scale' must be a finite number"),
+    ("a file outside the directory", manifest_edit(files={"../../etc/passwd": "0" * 64}), "leaves the model directory"),
+    (
+        "a bucket of 10^6",
+        manifest_edit(
+            towers__text={"input": "text", "output": "text_features", "graphs": {"fp32": {"1000000": "x.onnx"}}}
+        ),
+        "not a whole number",
+    ),  # fmt: skip
+    ("graph a FIFO", graph_replaced("fifo"), "is a FIFO, not a regular file"),
+    ("graph a link to /dev/zero", graph_replaced("zero"), "is a character device"),
+    ("graph an 8 GiB sparse file", graph_replaced("sparse"), "is larger than 2 GiB"),
+    # Regular files whose read fails (EIO): one line, not an OSError from the sha256 loop or the reader.
+    ("graph data a link to /proc/self/mem", linked_to("image.fp32.data", "/proc/self/mem"), "(Input/output error)"),
+    ("manifest a link to /proc/self/mem", linked_to(MANIFEST_NAME, "/proc/self/mem"), "(Input/output error)"),
+]
+
+
+def _model_dirs(model: Path) -> dict[str, str]:
+    return {"CNCLIP_MODEL_DIRS": json.dumps([str(model)])}
+
+
+def run_cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", "from cli.main import main; main()", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def assert_one_line(result: subprocess.CompletedProcess[str], words: str, status: int = 2) -> None:
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == status, (result.returncode, result.stderr[-2000:])
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr[-2000:]
+    assert words in lines[0] and "Traceback" not in result.stderr, lines[0]
+
+
+def base_env(tmp: Path, toy: Path, **extra: str) -> dict[str, str]:
+    return {**cli_env(tmp / "data", f"sqlite:///{tmp / 'c.db'}", toy), **extra}
+
+
+@pytest.mark.parametrize(("case", "env", "words"), SERVE_CASES, ids=[c[0] for c in SERVE_CASES])
+def test_a_hostile_setting_stops_serve_in_one_line(
+    case: str, env: Callable[[Path, Path], dict[str, str]], words: str, tmp_path: Path, toy: Path
+) -> None:
+    port = [] if "CNCLIP_PORT" in words else ["--port", "0"]
+    result = run_cli(["serve", *port], base_env(tmp_path, toy, **env(tmp_path, toy)))
+    # A storage file that cannot be used is an error of the storage (1, as a SQLite file that is no catalog).
+    assert_one_line(result, words, 1 if case.startswith("storage") else 2)
+
+
+@pytest.mark.parametrize(("case", "change", "words"), MODEL_CASES, ids=[c[0] for c in MODEL_CASES])
+def test_a_hostile_model_directory_stops_serve_and_migrate_in_one_line(
+    case: str, change: Callable[[Path], None], words: str, tmp_path: Path, toy: Path
+) -> None:
+    model = spoiled(toy, tmp_path, change)
+    served = run_cli(["serve", "--port", "0"], base_env(tmp_path, toy, **_model_dirs(model)))
+    assert_one_line(served, words)
+    assert served.stderr.startswith("error: CNCLIP_MODEL_DIRS: ")
+    migrated = run_cli(["migrate", "-c", "photos", "--model", str(model)], base_env(tmp_path, toy))
+    assert_one_line(migrated, words)
+    # The same rule, in-process: one ModelError, whatever the spoilage.
+    with pytest.raises(ModelError) as caught:
+        ModelManifest.load(model)
+    assert words in caught.value.message and "\n" not in caught.value.message
+
+
+@pytest.mark.parametrize("host", ["localhost\udcff", "x\x01y"])
+def test_a_host_that_cannot_be_bound_is_one_line(host: str, tmp_path: Path, toy: Path) -> None:
+    """`CNCLIP_HOST` of bytes that are not UTF-8 was a TypeError traceback ("encoding of hostname failed")."""
+    result = run_cli(["serve", "--port", "0"], base_env(tmp_path, toy, CNCLIP_HOST=host, CNCLIP_API_KEY="k"))
+    assert_one_line(result, "cannot listen on", 1)
+
+
+def test_watching_a_text_collection_is_refused_before_the_port_is_bound(tmp_path: Path, toy: Path) -> None:
+    env = base_env(tmp_path, toy)
+    texts = tmp_path / "notes.txt"
+    texts.write_text("一只猫\n一只狗\n", encoding="utf-8")
+    made = run_cli(["index-texts", str(texts), "-c", "notes"], env)
+    assert made.returncode == 0, made.stdout + made.stderr
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    result = run_cli(["serve", "--port", "0"], {**env, "CNCLIP_WATCH": json.dumps({str(folder): "notes"})})
+    assert_one_line(result, "holds texts")
+    assert "Uvicorn running" not in result.stdout + result.stderr
+
+
+# --- files named by a model directory (not a setting): refused without a hang --------------------------
+@pytest.mark.parametrize("kind", ["fifo", "dev-zero", "directory"])
+def test_a_tuning_file_in_the_model_directory_that_is_no_file_is_refused_without_a_hang(
+    kind: str, toy: Path, tmp_path: Path
+) -> None:
+    model = spoiled(toy, tmp_path, lambda d: None)
+    path = model / TUNING_NAME
+    if kind == "fifo":
+        os.mkfifo(path)
+    elif kind == "dev-zero":
+        path.symlink_to("/dev/zero")
+    else:
+        path.mkdir()
+    outcome: list[Any] = []
+    reader = threading.Thread(target=lambda: outcome.append(read_tuning(path, "m", model)), daemon=True)
+    reader.start()
+    reader.join(timeout=10)
+    assert outcome, "read_tuning hung"
+    assert outcome[0].tuning is None and "not a regular file" in outcome[0].line and "\n" not in outcome[0].line
+
+
+@pytest.mark.parametrize("path", ["/proc/self/mem", "/proc/self/task/../mem"])
+def test_a_regular_file_that_refuses_to_be_read_is_one_line(path: str, tmp_path: Path, toy: Path) -> None:
+    """/proc/self/mem is a regular file of 0 bytes whose read fails (EIO): an `UnusableFile`, never an
+    `OSError` traceback — as the tuning file a setting names, refused in one line and the defaults run."""
+    with pytest.raises(UnusableFile, match="cannot be read"):
+        read_regular(path, 1 << 20)
+    outcome = read_tuning(Path(path), "m", toy)
+    assert outcome.tuning is None and "cannot be read" in outcome.line and "\n" not in outcome.line
+
+
+def test_the_shared_reader_refuses_what_is_no_regular_file(tmp_path: Path) -> None:
+    fifo = fifo_at(tmp_path / "fifo")
+    for path, words in ((fifo, "FIFO"), (Path("/dev/zero"), "character device"), (tmp_path, "directory")):
+        with pytest.raises(UnusableFile, match=words):
+            read_regular(path, 1 << 20)
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * 2000)
+    with pytest.raises(UnusableFile, match="larger than 1000 bytes"):
+        read_regular(big, 1000)
+    with pytest.raises(UnusableFile) as missing:
+        read_regular(tmp_path / "nothing", 10)
+    assert missing.value.missing
+
+
+# --- threads: bounded by the cores, in the settings and in the tuning file -------------------------------
+def _threads() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("Threads:"):
+            return int(line.split()[1])
+    raise AssertionError("no Threads line")
+
+
+def test_a_tuning_file_asking_4096_threads_starts_no_more_than_the_cores(toy: Path, tmp_path: Path) -> None:
+    from retrieval.encoder import LocalEncoder
+
+    model = spoiled(toy, tmp_path, lambda d: None)
+    choice = {"backend": "onnxruntime", "device": "cpu", "precision": "fp32", "shapes": {}}
+    tuning = {
+        "format": 1,
+        "model_id": ModelManifest.load(model).model_id,
+        "created": "2026-12-04T00:00:00Z",
+        "fingerprint": machine_fingerprint(),
+        "towers": {t: {**choice, "streams": 1, "threads_per_stream": 4096} for t in ("image", "text")},
+    }
+    (model / TUNING_NAME).write_text(json.dumps(tuning))
+    outcome = read_tuning(model / TUNING_NAME, tuning["model_id"], model)
+    assert outcome.tuning is None and f"may run on {CORES} cores" in outcome.line
+    tuning["towers"]["text"] = {**choice, "streams": 64, "threads_per_stream": 0}  # the schema's most streams
+    (model / TUNING_NAME).write_text(
+        json.dumps({**tuning, "towers": {**tuning["towers"], "image": tuning["towers"]["text"]}})
+    )
+    assert "64 streams" in read_tuning(model / TUNING_NAME, tuning["model_id"], model).line
+
+    (model / TUNING_NAME).write_text(json.dumps(tuning))  # 4096 threads asked again: the encoder runs its defaults
+    settings = Settings(_env_file=None, model_dir=model, data_dir=tmp_path / "d", provider="cpu", buckets=[1])
+
+    async def started_threads() -> int:
+        before = _threads()
+        encoder = LocalEncoder(settings)
+        await encoder.start()
+        try:
+            await encoder.embed_texts(["一只猫"])
+            return _threads() - before
+        finally:
+            await encoder.close()
+
+    grown = asyncio.run(started_threads())
+    # Two towers × one stream × at most the cores, plus the batchers' and the preprocess pool's threads.
+    assert grown <= 2 * CORES + CORES + 8, grown
+
+
+def test_the_thread_rule() -> None:
+    assert inference_threads_refusal(1, 0, cores=2) is None
+    assert inference_threads_refusal(2, 1, cores=2) is None
+    assert "3 streams" in (inference_threads_refusal(3, 0, cores=2) or "")
+    assert "4096" in (inference_threads_refusal(1, 4096, cores=64) or "")
+    assert inference_threads_refusal(2, 2, cores=2) is not None  # 4 threads on 2 cores
+
+
+# --- a migration that fails before its first vector leaves nothing behind ----------------------------------
+class LyingModel(FakeEncoder):
+    """A manifest saying `dim` while its graphs give `real` dimensions."""
+
+    def __init__(self, dim: int, real: int, model_id: str) -> None:
+        super().__init__(dim=dim, model_id=model_id)
+        self.real = real
+
+    def embed_images_sync(self, images: Any) -> np.ndarray:
+        vectors = np.random.default_rng(0).normal(size=(len(images), self.real)).astype(np.float32)
+        return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+
+
+def test_a_migration_refused_before_its_first_vector_removes_its_shadow(tmp_path: Path) -> None:
+    from tests.support.indexer_helpers import open_test_catalog as open_catalog_at
+
+    async def scenario() -> None:
+        catalog = open_catalog_at(tmp_path / "data", f"sqlite:///{tmp_path / 'c.db'}")
+        try:
+            old = FakeEncoder()
+            await old.start()
+            service = CollectionService(catalog, old)
+            service.create("photos", "images")
+            from retrieval.preprocess import read_header
+
+            for n in range(3):
+                await service.add_upload("photos", jpeg(n), read_header(jpeg(n)))
+            liar = LyingModel(dim=64, real=128, model_id="liar")
+            await liar.start()
+            with pytest.raises(Exception):  # noqa: B017 - whatever the store says of 128-d vectors in a 64-d shadow
+                await service.migrate("photos", liar, MigrateOptions(batch=2))
+            assert service.migration_status("photos").shadow is None
+            honest = FakeEncoder(dim=16, model_id="honest")
+            await honest.start()
+            report = await service.migrate("photos", honest, MigrateOptions(batch=2))  # not "migrating … already"
+            assert report.swapped and report.embedded == 3
+        finally:
+            catalog.close()
+
+    asyncio.run(scenario())
+
+
+# --- the API key is UTF-8, compared as bytes over real HTTP --------------------------------------------------
+def test_a_non_ascii_api_key_matches_its_utf8_bytes_over_http(tmp_path: Path, toy: Path) -> None:
+    key = "clé-密钥"
+    settings = Settings(_env_file=None, data_dir=tmp_path / "d", provider="cpu", api_key=SecretStr(key))
+    catalog = open_test_catalog(settings)
+    try:
+        app = create_app(settings, encoder=FakeEncoder(), catalog=catalog)
+        with LiveServer(app) as live, httpx.Client(base_url=live.base_url, timeout=10) as client:
+
+            def create(headers: dict[str, bytes], name: str) -> int:
+                return client.post(
+                    "/v1/collections", json={"name": name, "kind": "images"}, headers=headers
+                ).status_code
+
+            assert create({"X-API-Key": key.encode("utf-8")}, "a") == 201
+            assert create({"Authorization": b"Bearer " + key.encode("utf-8")}, "b") == 201
+            assert create({"X-API-Key": "clé".encode("latin-1")}, "c") == 401  # the latin-1 bytes are not the key
+            assert create({"X-API-Key": key.encode("utf-8")[:-1]}, "d") == 401
+            assert create({"X-API-Key": b"cl\xc3"}, "e") == 401
+    finally:
+        catalog.close()
+
+
+def test_serve_with_a_fifo_as_the_models_tuning_file_starts_on_the_defaults(tmp_path: Path, toy: Path) -> None:
+    """The issue's `mkfifo MODEL/tuning.json`: `cnclip serve` hung before its first line. The file is
+    the model directory's, not a setting: refused in one line, and the server runs the defaults."""
+    model = spoiled(toy, tmp_path, lambda d: os.mkfifo(d / TUNING_NAME))
+    env = base_env(tmp_path, model)
+    process = subprocess.Popen(
+        [sys.executable, "-c", "from cli.main import main; main()", "serve", "--port", "0"],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
+    lines: list[str] = []
+    try:
+        reader = threading.Thread(target=lambda: lines.extend(iter(process.stdout.readline, "")), daemon=True)  # type: ignore[union-attr]
+        reader.start()
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while not any("Uvicorn running" in line for line in lines):
+            assert process.poll() is None, "".join(lines)[-3000:]
+            assert time.monotonic() < deadline, "cnclip serve did not start: " + "".join(lines)[-3000:]
+            time.sleep(0.1)
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    refused = [line for line in lines if "tuning file" in line and "refused" in line]
+    assert len(refused) == 1 and "a FIFO, not a regular file" in refused[0], "".join(lines)[-3000:]
+    assert not any("Traceback" in line for line in lines)
+
+
+# --- a start-up that fails after the port is bound: one line for a project error, a traceback for a bug ----
+@pytest.mark.parametrize(("raised", "one_line"), [(ModelError("the graph cannot load"), True), (KeyError("x"), False)])
+def test_a_project_error_at_start_up_is_one_line_not_a_traceback(raised: BaseException, one_line: bool) -> None:
+    from contextlib import asynccontextmanager
+
+    from starlette.applications import Starlette
+
+    from cli.serving import OneLineStartupFailure
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> Any:
+        raise raised
+        yield  # pragma: no cover
+
+    app = OneLineStartupFailure(Starlette(lifespan=lifespan))
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        return {"type": "lifespan.startup"}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    async def main() -> None:
+        with pytest.raises(type(raised)):
+            await app({"type": "lifespan", "asgi": {"version": "3.0"}, "state": {}}, receive, send)
+
+    asyncio.run(main())
+    failed = [m for m in sent if m["type"] == "lifespan.startup.failed"]
+    assert len(failed) == 1
+    if one_line:
+        assert failed[0]["message"] == "error: the graph cannot load"
+    else:
+        assert "Traceback" in failed[0]["message"] and "KeyError" in failed[0]["message"]
