@@ -27,8 +27,8 @@ from api.request_guard import RequestGuardMiddleware
 from api.routes import classify, collections, duplicates, embed, health, items, label_sets, search
 from api.watch_metrics import WatchCollector
 from api.whole_files import WholeFileResponse, WholeFiles
-from indexer.domain.records import Catalog
 from indexer.runtime import open_runtime
+from indexer.service.ports import Catalog
 from indexer.watch.health import WatchHealth
 from indexer.watch.serve import watch_served_folders
 from indexer.watch.settings import watched_folders

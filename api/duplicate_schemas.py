@@ -10,8 +10,8 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from api.searching import file_names, image_urls
+from indexer.domain.duplicates import DuplicateGroup, DuplicateMember, DuplicatesPage
 from indexer.domain.records import ItemRecord
-from indexer.service.duplicates import DuplicateGroup, DuplicateMember, DuplicatesPage
 
 TierName = Literal["identical", "resized", "similar"]
 TIER_DOC = (

@@ -7,12 +7,13 @@ import json
 from typing import Any
 
 from api.kserve_tensors import MAX_BATCH, ServedModel
+from retrieval.config import RuntimeSettings
 
 PLATFORM = "cnclip"  # metadata `platform` and config `backend`: our batcher and ONNX Runtime sessions
 _CONFIG_TYPES = {"INT64": "TYPE_INT64", "FP32": "TYPE_FP32", "BYTES": "TYPE_STRING"}
 
 
-def model_config(model: ServedModel, encoder: Any, settings: Any) -> dict[str, Any]:
+def model_config(model: ServedModel, encoder: Any, settings: RuntimeSettings | None) -> dict[str, Any]:
     """The model's configuration as Triton's `GET .../config` returns it (JSON of `ModelConfig`).
 
     Names, data types and dims are those `cnclip export-triton` writes into config.pbtxt;
@@ -75,7 +76,7 @@ def _tensors(model: ServedModel, encoder: Any) -> dict[str, Any]:
     return {"input": [tensor_input], "output": [tensor_output]}
 
 
-def _dynamic_batching(buckets: list[int], settings: Any) -> dict[str, Any]:
+def _dynamic_batching(buckets: list[int], settings: RuntimeSettings | None) -> dict[str, Any]:
     return {
         "preferred_batch_size": [b for b in buckets if b <= MAX_BATCH],
         "max_queue_delay_microseconds": int(round(float(getattr(settings, "max_queue_delay_ms", 0.0)) * 1000)),
@@ -86,7 +87,7 @@ def _dynamic_batching(buckets: list[int], settings: Any) -> dict[str, Any]:
     }
 
 
-def _instance_group(model: ServedModel, encoder: Any, settings: Any) -> dict[str, Any]:
+def _instance_group(model: ServedModel, encoder: Any, settings: RuntimeSettings | None) -> dict[str, Any]:
     """The tower's streams on its device, of the kind its backend's record says (Triton has no NPU
     kind: KIND_MODEL, also for a remote encoder)."""
     plan = getattr(encoder, "plans", {}).get(model.tower)

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, WithJsonSc
 from indexer.domain.exclusion import MAX_EXCLUDED
 from indexer.domain.names import COLLECTION_NAME_PATTERN
 from indexer.domain.paging import MAX_CANDIDATES, MAX_PAGE, SortOrder
+from indexer.domain.text_query import SearchMode
 from retrieval.prompts import (
     MAX_LABEL_CHARS,
     MAX_LABELS,
@@ -84,6 +85,12 @@ SORT_DOC = (
     "relevance: best score first; taken: newest photo first (undated last); added: newest indexed first. "
     "Dates order the results above min_score among the candidates (at most 1000)."
 )
+MODE_DOC = (
+    "clip: the CLIP vector search of the query as typed. text: the photos whose recognised text holds the "
+    "query's words (spaces, case and full width ignored), best covered first. hybrid: both rankings merged by "
+    "reciprocal-rank fusion, so a photo of a sign saying the words comes first and a query no text holds keeps "
+    "the CLIP order. Default: hybrid on collections with ocr, clip elsewhere (docs/api.md, Text in photos)."
+)
 OFFSET_DOC = "Results to skip (paging). A result list ends at 1000: a page past it is cut short."
 EXCLUDE_DOC = (
     f"Texts the results should not show (at most {MAX_EXCLUDED}, each like a query), e.g. 人: results matching one "
@@ -102,15 +109,34 @@ class PageFields(StrictModel):
 
 
 class TextSearchRequest(PageFields):
-    query: Query = Field(description="Text to search for, at most 512 characters.", examples=["穿红色裙子的女孩"])
+    query: Query = Field(
+        description='Text to search for, at most 512 characters. In mode text and hybrid a quoted part ("会议室") '
+        "is a hard filter: every result's recognised text holds it.",
+        examples=["穿红色裙子的女孩"],
+    )
     collection: CollectionName | None = Field(None, description="Defaults to the default image collection.")
     filters: Filters | None = None
     exclude: list[Query] = Field(default_factory=list, max_length=MAX_EXCLUDED, description=EXCLUDE_DOC)
+    mode: SearchMode | None = Field(None, description=MODE_DOC)
+
+
+class MatchedText(BaseModel):
+    """Where the query is in the item's recognised text (`ocr_text`): `ocr_text[start:end]`, offsets in
+    Unicode code points; `line` is the recognised line the match starts in, at `line_start` of ocr_text."""
+
+    text: str = Field(description="The matched characters as recognised (the query's normal form may differ).")
+    start: int
+    end: int
+    line: str
+    line_start: int
 
 
 class SearchResult(BaseModel):
     id: int
-    score: float = Field(description="Cosine similarity, -1..1.")
+    score: float = Field(
+        description="Cosine similarity, -1..1 (modes clip and hybrid); mode text and a query of quoted parts only: "
+        "the share of the recognised text the query covers, 0..1."
+    )
     caption: str | None
     filename: str | None = Field(None, description="File name of an indexed file (None for uploads and texts).")
     path: str | None = Field(None, description="Path relative to the folder that was indexed, when known.")
@@ -124,6 +150,9 @@ class SearchResult(BaseModel):
         None,
         description="exif: DateTimeOriginal; mtime: the file's modification time (no EXIF date); "
         "upload: the upload time (no EXIF date). None for texts and files not yet re-read after an upgrade.",
+    )
+    matched_text: MatchedText | None = Field(
+        None, description="Modes text and hybrid: where the query is in the photo's recognised text; None otherwise."
     )
 
 
@@ -142,6 +171,7 @@ class SearchResponse(BaseModel):
     )
     min_score: float | None
     sort: SortOrder
+    mode: SearchMode = Field("clip", description="How the query was answered (see TextSearchRequest.mode).")
     timings: dict[str, float] = Field(description="Milliseconds per stage: read, encode, search, db, total.")
 
 
@@ -188,6 +218,9 @@ class CollectionOut(BaseModel):
         default_factory=dict,
         description="A starting min_score for this collection's model, per query kind (text, image).",
     )
+    ocr: bool = Field(
+        False, description="The text in its photos is read when they are added, and searchable (docs/ocr.md)."
+    )
 
 
 class CreateCollectionRequest(StrictModel):
@@ -195,6 +228,11 @@ class CreateCollectionRequest(StrictModel):
     kind: Literal["images", "texts"]
     index: str | None = Field(
         None, max_length=64, description="FAISS factory string, e.g. Flat or IVF1024,PQ64; default: the server's."
+    )
+    ocr: bool = Field(
+        False,
+        description="Read the text in the photos added (an image collection only; kept for uploads, "
+        "`cnclip index` runs and watched folders; docs/ocr.md).",
     )
 
 
@@ -215,6 +253,11 @@ class ItemOut(BaseModel):
     created_at: datetime | None
     taken_at: datetime | None = Field(None, description="When the photo was taken (UTC); see SearchResult.")
     taken_at_source: Literal["exif", "mtime", "upload"] | None = None
+    ocr_text: str | None = Field(
+        None,
+        description="The text recognised in the photo, lines joined by newlines (collections with ocr); "
+        "'' when read and none found, None when not read.",
+    )
 
 
 class AddedItem(BaseModel):

@@ -8,9 +8,10 @@ import time
 from datetime import datetime
 from pathlib import PurePath
 
-from api.schemas import Filters, ItemOut, SearchResponse, SearchResult
+from api.schemas import Filters, ItemOut, MatchedText, SearchResponse, SearchResult
 from indexer.domain.records import ItemRecord, SearchFilters
 from indexer.domain.results import Found, SearchPage
+from indexer.domain.text_query import MatchedSpan
 from indexer.fs.file_names import printable
 
 
@@ -53,7 +54,8 @@ def file_names(item: ItemRecord) -> tuple[str | None, str | None]:
     return printable(path.name), printable(relative) if relative is not None else None
 
 
-def item_out(item: ItemRecord) -> ItemOut:
+def item_out(item: ItemRecord, ocr_text: str | None = None) -> ItemOut:
+    """The item as clients see it; `ocr_text`: the text recognised in it, when it was read."""
     image_url, thumbnail_url = image_urls(item)
     filename, relative = file_names(item)
     return ItemOut(
@@ -73,7 +75,14 @@ def item_out(item: ItemRecord) -> ItemOut:
         created_at=item.created_at,
         taken_at=item.taken_at,
         taken_at_source=item.taken_source,
+        ocr_text=ocr_text,
     )
+
+
+def matched_out(span: MatchedSpan | None) -> MatchedText | None:
+    if span is None:
+        return None
+    return MatchedText(text=span.text, start=span.start, end=span.end, line=span.line, line_start=span.line_start)
 
 
 def result_out(found: Found) -> SearchResult:
@@ -93,6 +102,7 @@ def result_out(found: Found) -> SearchResult:
         height=item.height,
         taken_at=item.taken_at,
         taken_at_source=item.taken_source,
+        matched_text=matched_out(found.match),
     )
 
 
@@ -110,6 +120,7 @@ def page_out(page: SearchPage, timings: dict[str, float]) -> SearchResponse:
         below_cutoff=page.below_cutoff,
         min_score=request.min_score,
         sort=request.sort,
+        mode=page.mode,
         timings=timings,
     )
 

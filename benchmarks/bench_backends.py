@@ -38,10 +38,10 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.peak import LAYER_SHAPES, cpu_flags, graph_macs, matmul_graph, measure_peaks, peak_table  # noqa: E402
 from retrieval.backends import BACKENDS, DEFAULT_BACKEND, backend_named  # noqa: E402
-from retrieval.gate import Candidate  # noqa: E402
 from retrieval.manifest import ModelManifest  # noqa: E402
 from retrieval.sessions import dummy_batch  # noqa: E402
-from retrieval.tune import Config, open_config, time_calls  # noqa: E402
+from retrieval.toolchain.gate import Candidate  # noqa: E402
+from retrieval.toolchain.tune.tuner import Config, open_config, time_calls  # noqa: E402
 
 CASES = (("image", 1, None), ("image", 8, None), ("text", 1, 16), ("text", 1, 52), ("text", 16, 16))
 Runner = Callable[[np.ndarray], object]

@@ -169,7 +169,7 @@ def worker(database_url: str, data_dir: Path, mode: str) -> dict[str, Any]:
     near_vectors.ShotSearch._build = timed("build_s", near_vectors.ShotSearch._build)  # type: ignore[method-assign]
     catalog = open_catalog(catalog_settings(data_dir, database_url), open_stores=False)
     try:
-        finder = duplicates.DuplicateFinder(catalog)
+        finder = duplicates.DuplicateFinder(catalog, catalog.duplicates)
         state = catalog.collection("bench")
         with PeakRss() as memory:
             started = time.perf_counter()

@@ -48,9 +48,9 @@ from benchmarks.peak import (  # noqa: E402
     peak_table,
     percent_of_peak,
 )
+from retrieval.backends.onnxruntime import choose_precision  # noqa: E402
 from retrieval.manifest import ModelManifest  # noqa: E402
 from retrieval.preprocess import preprocess_image  # noqa: E402
-from retrieval.providers import choose_precision  # noqa: E402
 from retrieval.tokenizer import Tokenizer, tokenize  # noqa: E402
 from retrieval.toolchain.bench import TABLE_HEADER, SweepPoint, image_payloads, run_sweep, text_payloads  # noqa: E402
 

@@ -33,7 +33,7 @@ import retrieval.encoder  # noqa: E402
 from api import create_app  # noqa: E402
 from api.config import Settings  # noqa: E402
 from retrieval.fair_pool import FairPool  # noqa: E402
-from retrieval.toy_model import write_toy_model  # noqa: E402
+from retrieval.toolchain.toy_model import write_toy_model  # noqa: E402
 from tests.support.api_helpers import image_bytes, open_test_catalog  # noqa: E402
 from tests.support.decode_load import v2_bytes_request, victim_beside_bomb, zero_png  # noqa: E402
 from tests.support.live_server import LiveServer  # noqa: E402

@@ -57,13 +57,7 @@ async def pipeline(settings: Settings, encoder: Encoder, folder: Path, data_dir:
     fresh = settings.model_copy(update={"data_dir": data_dir, "database_url": None})
     async with open_runtime(fresh, encoder=encoder) as rt:
         assert rt.service is not None
-        indexer = ImageIndexer(
-            rt.service,
-            "bench",
-            batch_size=settings.index_batch_size,
-            read_threads=settings.index_read_threads,
-            inflight=max(2, settings.streams + 1),
-        )
+        indexer = ImageIndexer.from_settings(settings, rt.service, "bench")
         started = time.perf_counter()
         summary = await indexer.run(folder)
         elapsed = time.perf_counter() - started

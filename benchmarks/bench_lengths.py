@@ -31,11 +31,11 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from retrieval.backends.base import SessionConfig, cpu_thread_plan  # noqa: E402
 from retrieval.batcher import assemble, choose_batch  # noqa: E402
 from retrieval.config import RuntimeSettings  # noqa: E402
 from retrieval.encoder import LocalEncoder  # noqa: E402
 from retrieval.manifest import ModelManifest  # noqa: E402
-from retrieval.providers import SessionConfig, cpu_thread_plan  # noqa: E402
 from retrieval.sessions import OrtSession  # noqa: E402
 from retrieval.tokenizer import tokenize  # noqa: E402
 from retrieval.toolchain.bench import percentiles, text_payloads  # noqa: E402

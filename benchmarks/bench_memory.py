@@ -172,7 +172,7 @@ def run_serve(args: argparse.Namespace) -> None:
 
 
 def run_latency(args: argparse.Namespace) -> None:
-    from retrieval.providers import SessionConfig
+    from retrieval.backends.base import SessionConfig
     from retrieval.sessions import OrtSession, dummy_batch
     from retrieval.shared_weights import SharedWeights
 

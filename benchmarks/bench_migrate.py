@@ -33,7 +33,7 @@ async def _searches(service: CollectionService, stop: asyncio.Event, latencies: 
     n = 0
     while not stop.is_set():
         started = time.perf_counter()
-        await service.search_text(f"查询 {n}", "bench", PageRequest(k=10))
+        await service.search.text(f"查询 {n}", "bench", PageRequest(k=10))
         latencies.append((time.perf_counter() - started) * 1000)
         n += 1
         await asyncio.sleep(0.001)
@@ -57,7 +57,7 @@ async def run(items: int, idle_s: float) -> dict[str, float]:
         for start in range(0, items, 500):
             batch = [NewImage(data=f"image {i}".encode(), mime="image/jpeg", width=1, height=1)
                      for i in range(start, min(items, start + 500))]  # fmt: skip
-            service.add_images("bench", batch, old.embed_images_sync([b.data for b in batch]))
+            service.writes.add_images("bench", batch, old.embed_images_sync([b.data for b in batch]))
         idle: list[float] = []
         stop = asyncio.Event()
         task = asyncio.create_task(_searches(service, stop, idle))
@@ -67,7 +67,7 @@ async def run(items: int, idle_s: float) -> dict[str, float]:
         during: list[float] = []
         stop = asyncio.Event()
         task = asyncio.create_task(_searches(service, stop, during))
-        report = await service.migrate("bench", new, MigrateOptions(batch=64, prune_missing=True))
+        report = await service.migration.migrate("bench", new, MigrateOptions(batch=64, prune_missing=True))
         stop.set()
         await task
         catalog.close()

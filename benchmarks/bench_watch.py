@@ -130,7 +130,7 @@ def main() -> None:
         root = Path(tmp)
         model_dir = args.model or ROOT / "models" / "cnclip-demo"
         if args.smoke:
-            from retrieval.toy_model import write_toy_model
+            from retrieval.toolchain.toy_model import write_toy_model
 
             args.n = min(args.n, 3)
             model_dir = root / "toy-model"

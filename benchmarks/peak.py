@@ -5,7 +5,7 @@
 - int8 peak: one GEMM the way our int8 graphs run it. An fp32 `MatMul` with a constant weight is put
   through `retrieval.toolchain.convert.quantize.to_int8` (DynamicQuantizeLinear + MatMulInteger + scale, which
   ONNX Runtime fuses into DynamicQuantizeMatMul at load) and timed in ONNX Runtime with the server's
-  session options (`SessionConfig.session_options`). The time includes quantizing the activations,
+  session options (`retrieval.backends.onnxruntime.ort_session_options`). The time includes quantizing the activations,
   as in the real graphs. Shapes are those of a ViT-B/BERT-base layer's MLP ([M, 768] × [768, 3072]
   and [M, 3072] × [3072, 768]); the peak is the best of them.
 - fp32 peak: the same GEMMs as plain fp32 MatMuls in ONNX Runtime (MLAS, what the fp32 graphs use)
@@ -174,9 +174,10 @@ def _median_gops(run: Callable[[], object], macs: int, repeats: int, min_seconds
 def _ort_rate(model: onnx.ModelProto, source: str, threads: int, repeats: int, min_seconds: float, spin: bool) -> Rate:
     import onnxruntime as ort
 
-    from retrieval.providers import SessionConfig
+    from retrieval.backends.base import SessionConfig
+    from retrieval.backends.onnxruntime import ort_session_options
 
-    options = SessionConfig("cpu", "fp32", cores=list(range(threads)), spin=spin).session_options()
+    options = ort_session_options(SessionConfig("cpu", "fp32", cores=list(range(threads)), spin=spin))
     session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     m, k = (d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim)
     x = np.random.default_rng(1).standard_normal((m, k), dtype=np.float32)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import unicodedata
 from enum import StrEnum
 from typing import TYPE_CHECKING, Annotated, Any
 
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
     from indexer.config import StorageSettings
     from indexer.domain.paging import PageRequest
     from indexer.domain.results import CollectionStats
+    from indexer.domain.text_query import SearchMode
 
 STATS_COLUMNS = ("name", "kind", "items", "vectors", "deleted", "model", "index")
 
@@ -31,6 +33,27 @@ class Sort(StrEnum):
     @property
     def order(self) -> SortOrder:
         return self.value  # type: ignore[return-value]
+
+
+class Mode(StrEnum):
+    """`cnclip search --mode` (indexer/domain/text_query.py SearchMode)."""
+
+    clip = "clip"
+    text = "text"
+    hybrid = "hybrid"
+
+
+def shown(text: str) -> str:
+    """Recognised text for a terminal: control characters (an image can say anything, escape sequences
+    included) become "?", line breaks " / "."""
+    return "".join(" / " if ch == "\n" else "?" if unicodedata.category(ch) in ("Cc", "Cf") else ch for ch in text)
+
+
+def matched_line(match: dict[str, Any]) -> str:
+    """The recognised line holding the match, the matched characters in 【】."""
+    line, begin = match["line"], match["start"] - match["line_start"]
+    end = min(len(line), match["end"] - match["line_start"])
+    return f"{shown(line[:begin])}【{shown(line[begin:end])}】{shown(line[end:])}"
 
 
 def storage_settings() -> StorageSettings:
@@ -141,6 +164,13 @@ def search(
             "--exclude", "-x", help="Push away results matching this text (repeatable: -x 人 -x 车; at most 8)."
         ),
     ] = None,
+    mode: Annotated[
+        Mode | None,
+        typer.Option(
+            help="clip, text (the text recognised in photos) or hybrid (both); default: hybrid where the "
+            'collection has --ocr, else clip. In text and hybrid a quoted part ("会议室") must be in the photo.'
+        ),
+    ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,
 ) -> None:
     """Search an image collection with a text query (a quick check from the shell); the same
@@ -157,13 +187,16 @@ def search(
     page = PageRequest(k, offset, min_score, sort.order)
     page.check()  # before the model loads
     excluded = excluded_texts(exclude)  # likewise
-    out = asyncio.run(_search(storage_settings(), text.strip(), collection, page, excluded))
+    chosen: SearchMode | None = mode.value if mode is not None else None  # type: ignore[assignment]
+    out = asyncio.run(_search(storage_settings(), text.strip(), collection, page, excluded, chosen))
     if as_json:
         typer.echo(json.dumps(out, ensure_ascii=False))
         return
     for rank, hit in enumerate(out["results"], start=offset + 1):
         taken = (hit["taken_at"] or "")[:10]
         typer.echo(f"{rank:3d}  {hit['score']:.4f}  #{hit['id']}  {taken:10}  {hit['path'] or hit['caption'] or ''}")
+        if hit["matched_text"] is not None:
+            typer.echo(f"{'':5}text: {matched_line(hit['matched_text'])}")
     more = f"; next page: --offset {offset + len(out['results'])}" if out["has_more"] else ""
     hidden = f", {out['below_cutoff']} below --min-score" if min_score is not None else ""
     exact = "" if out["total_exact"] else " or more"
@@ -171,16 +204,23 @@ def search(
 
 
 async def _search(
-    settings: StorageSettings, text: str, collection: str | None, page: PageRequest, excluded: tuple[str, ...] = ()
+    settings: StorageSettings,
+    text: str,
+    collection: str | None,
+    page: PageRequest,
+    excluded: tuple[str, ...] = (),
+    mode: SearchMode | None = None,
 ) -> dict[str, Any]:
+    from dataclasses import asdict
+
     from indexer.fs.file_names import printable
     from indexer.runtime import open_runtime
 
     async with open_runtime(settings, warm=False) as rt:
         assert rt.service is not None
-        await asyncio.to_thread(rt.service.resolve, collection, "images")  # before the model loads
+        await asyncio.to_thread(rt.service.resolver.resolve, collection, "images")  # before the model loads
         await rt.start_encoders()
-        found = await rt.service.search_text(text, collection, page, excluded=excluded)
+        found = await rt.service.search.text(text, collection, page, excluded=excluded, mode=mode)
     results = [
         {
             "id": f.item.id,
@@ -189,6 +229,7 @@ async def _search(
             "caption": f.item.caption,
             "taken_at": f.item.taken_at.isoformat() if f.item.taken_at else None,
             "taken_at_source": f.item.taken_source,
+            "matched_text": asdict(f.match) if f.match is not None else None,
         }
         for f in found.results
     ]
@@ -199,4 +240,5 @@ async def _search(
         **totals,
         "below_cutoff": found.below_cutoff,
         "exclude": list(excluded),
+        "mode": found.mode,
     }

@@ -18,8 +18,9 @@ from indexer.domain.duplicate_pages import MAX_LIMIT, MAX_OFFSET, MIN_THRESHOLD,
 from indexer.fs.file_names import printable
 
 if TYPE_CHECKING:
+    from indexer.config import StorageSettings
+    from indexer.domain.duplicates import DuplicateMember, DuplicatesPage
     from indexer.service.collections import CollectionService
-    from indexer.service.duplicates import DuplicateMember, DuplicatesPage
 
 STEP_S = 1.0  # the search runs in steps this long between progress updates
 TIER_TITLES = {
@@ -68,7 +69,9 @@ def duplicates(
     typer.echo(page_json(page) if as_json else "\n".join(page_lines(page)))
 
 
-async def _find(settings: Any, request: tuple[str, Any, int, int, float | None], hash_missing: bool) -> DuplicatesPage:
+async def _find(
+    settings: StorageSettings, request: tuple[str, Any, int, int, float | None], hash_missing: bool
+) -> DuplicatesPage:
     from indexer.runtime import open_runtime
 
     if request[4] is None:
@@ -78,7 +81,7 @@ async def _find(settings: Any, request: tuple[str, Any, int, int, float | None],
         return await asyncio.to_thread(_search_to_the_end, rt.service, request, hash_missing)
 
 
-async def _calibrate(settings: Any, collection: str) -> None:
+async def _calibrate(settings: StorageSettings, collection: str) -> None:
     """Measure the similar-shots threshold with the collection's model when the stored one is missing
     or stale (the model is loaded only then); a model that cannot be loaded here leaves the answer
     to say the threshold is not calibrated."""
@@ -87,15 +90,15 @@ async def _calibrate(settings: Any, collection: str) -> None:
     async with open_runtime(settings, encoder=False) as rt:
         assert rt.service is not None
         name = rt.service.get(collection).name  # a missing collection is one line, before the model loads
-        _, stale = await asyncio.to_thread(rt.service.duplicate_calibration, name)
+        _, stale = await asyncio.to_thread(rt.service.duplicates.calibration, name)
     if stale is None or getattr(settings, "duplicate_threshold", None) is not None:
         return
     typer.echo(f"{name}: measuring where similar shots start with the collection's model ({stale})", err=True)
     try:
         async with open_runtime(settings) as rt:
             assert rt.service is not None
-            await rt.service.calibrate_duplicates(name)
-            if (await asyncio.to_thread(rt.service.duplicate_calibration, name))[1] is not None:
+            await rt.service.duplicates.calibrate(name)
+            if (await asyncio.to_thread(rt.service.duplicates.calibration, name))[1] is not None:
                 typer.echo(f"{name}: not measured: the configured model is not the collection's", err=True)
     except Exception as exc:  # noqa: BLE001 — optional: the answer then says it is not calibrated
         typer.echo(f"{name}: similar shots not calibrated: {exc}", err=True)
@@ -112,14 +115,14 @@ def _search_to_the_end(
     name = service.get(collection).name  # a missing collection is one line, before any bar
     if hash_missing:
         with rebuild_progress(f"{name}: perceptual hashes") as progress:
-            hashed = service.hash_missing(collection, progress)
+            hashed = service.duplicates.hash_missing(collection, progress)
         typer.echo(f"{name}: {hashed} images hashed", err=True)
-    page = service.duplicates(collection, tier, offset, limit, budget_s=STEP_S, threshold=threshold)
+    page = service.duplicates.page(collection, tier, offset, limit, budget_s=STEP_S, threshold=threshold)
     if not page.complete:
         with rebuild_progress(f"{name}: similar shots") as progress:
             while not page.complete:
                 progress(page.examined, page.searchable)
-                page = service.duplicates(collection, tier, offset, limit, budget_s=STEP_S, threshold=threshold)
+                page = service.duplicates.page(collection, tier, offset, limit, budget_s=STEP_S, threshold=threshold)
     return page
 
 

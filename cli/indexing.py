@@ -17,23 +17,28 @@ import typer
 
 from cli.catalog import storage_settings
 from cli.errors import EXIT_FILES_FAILED, EXIT_INTERRUPTED, friendly_errors
+from cli.ocr import ocr as ocr_command
 from cli.output import plural
 from cli.output_paths import check_output_file, write_text_atomically
+from cli.progress import IndexProgress, print_summary
 
 if TYPE_CHECKING:
     from indexer.config import StorageSettings
     from indexer.domain.index_summary import IndexSummary
+    from indexer.domain.records import CollectionState
+    from indexer.service.collections import CollectionService
 
-SHOWN_FAILURES = 20  # bad files printed on the terminal; the report file has all of them
+RAY_HELP = "Read and embed on the Ray cluster at ADDRESS: auto or host:port (docs/scaling-out.md)."
 INDEX_HELP = (
     "Index for a new collection: Flat, HNSW{M}, IVF{n},Flat or IVF{n},PQ{m}[x{bits}] (default CNCLIP_INDEX_FACTORY)."
 )
 
 
 def register(app: typer.Typer) -> None:
-    """`cnclip index` and `cnclip index-texts`."""
+    """`cnclip index`, `cnclip index-texts` and `cnclip ocr` (cli/ocr.py)."""
     app.command("index")(friendly_errors(index))
     app.command("index-texts")(friendly_errors(index_texts))
+    app.command("ocr")(friendly_errors(ocr_command))
 
 
 def index(
@@ -57,6 +62,9 @@ def index(
         ),
     ] = None,
     poll: Annotated[bool, typer.Option("--poll", help="--watch: poll the folder instead of inotify events.")] = False,
+    ray: Annotated[str | None, typer.Option("--ray", metavar="ADDRESS", help=RAY_HELP)] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON line.")] = False,
+    ocr: Annotated[bool, typer.Option("--ocr", help="Read the text in the photos, also in later runs.")] = False,
 ) -> None:
     """Index the images of a folder or manifest: incremental, resumable, bad files reported
     (exit status 3 when some failed). Items deleted by a user stay deleted unless --restore-deleted.
@@ -75,20 +83,39 @@ def index(
     if index_factory is not None:  # the grammar, before anything opens (the dimension: when it is created)
         index_factory = parse_index(index_factory).description
     settings = storage_settings()
-    options = {"batch_size": batch_size or settings.index_batch_size, "index_factory": index_factory}
+    options = {"batch_size": batch_size or settings.index_batch_size, "index_factory": index_factory, "ocr": ocr}
+    if ray is not None:  # before the catalog and the progress bar: a missing extra, --watch beside it
+        from cli.cluster_indexing import cluster_options
+
+        options |= cluster_options(ray, watching=watch or rescan_interval is not None or poll)
     if watch or rescan_interval is not None or poll:
         from cli.watching import watch_folder
 
         options["restore_deleted"] = restore_deleted
         raise typer.Exit(watch_folder(settings, source, collection, options, (watch, dry_run, rescan_interval, poll)))
-    summary = asyncio.run(_index(settings, source, collection, prune, dry_run, restore_deleted, options))
-    _print_summary(summary, dry_run)
+    summary, details = asyncio.run(_index(settings, source, collection, prune, dry_run, restore_deleted, options))
+    bad_files = None
     if summary.failures:
-        path = report or settings.data_dir / "reports" / f"index-{collection}-{_stamp()}.jsonl"
-        _write_report(path, summary.failures)
-        typer.echo(f"bad files: {path}")
+        bad_files = report or settings.data_dir / "reports" / f"index-{collection}-{_stamp()}.jsonl"
+        _write_report(bad_files, summary.failures)
+    _say_how_it_went(summary, details, bad_files, dry_run, as_json)
+
+
+def _say_how_it_went(
+    summary: IndexSummary, details: dict[str, Any], bad_files: Path | None, dry_run: bool, as_json: bool
+) -> None:
+    """The summary (a line of text, or with --json one JSON line) and the exit status of a run."""
+    if as_json:  # one line on stdout, the report's path in it
+        from cli.cluster_indexing import json_summary
+
+        typer.echo(json_summary(summary, details, bad_files))
+    else:
+        print_summary(summary, dry_run)
+        if bad_files is not None:
+            typer.echo(f"bad files: {bad_files}")
     if summary.interrupted:
-        typer.echo("interrupted: everything committed is kept; run the same command again to resume")
+        if not as_json:
+            typer.echo("interrupted: everything committed is kept; run the same command again to resume")
         raise typer.Exit(EXIT_INTERRUPTED)
     if summary.failures:
         raise typer.Exit(EXIT_FILES_FAILED)
@@ -102,9 +129,9 @@ async def _index(
     dry_run: bool,
     restore_deleted: bool,
     options: dict[str, Any],
-) -> IndexSummary:
-    from cli.progress import IndexProgress
-    from indexer.bulk.pipeline import ImageIndexer
+) -> tuple[IndexSummary, dict[str, Any]]:
+    """The run's summary and what each node embedded (`--ray`; a local run is one node)."""
+    from cli.cluster_indexing import indexer_class, run_details
     from indexer.runtime import open_runtime
 
     stop = asyncio.Event()
@@ -121,34 +148,42 @@ async def _index(
         assert rt.service is not None
         loop.add_signal_handler(signal.SIGINT, on_sigint)
         try:
-            await asyncio.to_thread(_check_target, rt.service, collection, dry_run, options["index_factory"])
-            if not dry_run:  # a dry run decodes images without the model (indexer/bulk/pipeline.py)
+            checks = (rt.service, collection, dry_run, options["index_factory"], options.pop("ocr"))
+            target = await asyncio.to_thread(_check_target, *checks)
+            # A dry run decodes images without the model (indexer/bulk/pipeline.py); --ray loads it on the nodes.
+            if not dry_run and "address" not in options:
                 await rt.start_encoders()
-            indexer = ImageIndexer(
+            indexer = indexer_class(options).from_settings(
+                settings,
                 rt.service,
                 collection,
-                read_threads=settings.index_read_threads,
-                inflight=max(2, settings.streams + 1),
                 restore_deleted=restore_deleted,
                 exclude=[settings.data_dir],  # its uploads' copies and thumbnails are not the folder's photos
                 **options,
             )
             with IndexProgress(collection) as progress:
-                return await indexer.run(source, prune=prune, dry_run=dry_run, stop=stop, on_progress=progress.update)
+                summary = await indexer.run(
+                    source, prune=prune, dry_run=dry_run, stop=stop, on_progress=progress.update, target=target
+                )
+            return summary, run_details(indexer, summary)
         finally:
             loop.remove_signal_handler(signal.SIGINT)
 
 
-def _check_target(service: Any, collection: str, dry_run: bool, index_factory: str | None) -> None:
-    """Kind and model, before the model loads (a dry run checks an existing collection only: a
-    missing one is what a real run would create)."""
+def _check_target(
+    service: CollectionService, collection: str, dry_run: bool, index_factory: str | None, ocr: bool = False
+) -> CollectionState | None:
+    """Kind and model, before the model loads: the collection a real run indexes into, created when
+    missing (with `ocr`, its OCR turned on) and passed to the pipeline (not read again). A dry run
+    checks an existing collection only: a missing one is what a real run would create."""
     from retrieval.errors import NotFound
 
     if not dry_run:
-        service.ensure(collection, "images", index_factory)
-        return
+        target = service.ensure(collection, "images", index_factory)
+        return service.texts.set_ocr(collection, True) if ocr and not target.ocr else target
     with contextlib.suppress(NotFound):
-        service.writable(collection, "images")
+        service.resolver.writable(collection, "images")
+    return None
 
 
 def index_texts(
@@ -193,31 +228,3 @@ def _write_report(path: Path, failures: list[tuple[str, str]]) -> None:
         json.dumps({"path": printable(where), "reason": printable(why)}, ensure_ascii=False) for where, why in failures
     )
     write_text_atomically(path, "".join(line + "\n" for line in lines), "--report")
-
-
-def _print_summary(summary: IndexSummary, dry_run: bool) -> None:
-    from indexer.fs.file_names import printable
-
-    if dry_run:
-        typer.echo(
-            f"dry run: {plural(summary.would_index, 'image')} to embed, {summary.would_date} to date, "
-            f"{summary.unchanged} unchanged, {plural(summary.duplicates, 'duplicate')}, {summary.renamed} renamed, "
-            f"{plural(summary.would_prune, 'row')} to prune, {len(summary.failures)} unreadable"
-        )
-    else:
-        # A rate only when something was embedded: "0.0 images/s" for a run with nothing to do reads as a stall.
-        rate = f", {summary.embedded / summary.seconds:.1f} images/s" if summary.embedded and summary.seconds else ""
-        dated = f"; dated {summary.dated}" if summary.dated else ""
-        dated += f"; hashed {summary.hashed}" if summary.hashed else ""
-        companions = f", RAW beside JPEG {summary.raw_companions}" if summary.raw_companions else ""
-        typer.echo(
-            f"indexed {summary.added} new, {summary.changed} changed, {summary.renamed} renamed; "
-            f"skipped {summary.skipped} (unchanged {summary.unchanged}, duplicates {summary.duplicates}, "
-            f"not images {summary.not_images}, deleted earlier {summary.deleted_before}{companions}); "
-            f"failed {len(summary.failures)}; "
-            f"pruned {summary.pruned}{dated}; {summary.seconds:.1f} s{rate}"
-        )
-    for where, why in summary.failures[:SHOWN_FAILURES]:
-        typer.echo(f"  bad: {printable(where)}: {printable(why)}")
-    if len(summary.failures) > SHOWN_FAILURES:
-        typer.echo(f"  … and {len(summary.failures) - SHOWN_FAILURES} more")

@@ -16,8 +16,10 @@ import typer
 from cli.errors import friendly_errors
 
 if TYPE_CHECKING:
+    from indexer.config import StorageSettings
+    from indexer.domain.generations import Generation, MigrationStatus
+    from indexer.service.collections import CollectionService
     from indexer.service.migration import MigrateOptions, MigrateReport
-    from indexer.storage.sql.generations import Generation, MigrationStatus
 
 ACTIONS = ("status", "swap", "rollback", "drop_old", "drop_shadow")
 
@@ -68,39 +70,41 @@ def migrate(
 
 
 async def _run(
-    settings: Any, collection: str, action: str, model: Path | None, options: MigrateOptions, as_json: bool
+    settings: StorageSettings, collection: str, action: str, model: Path | None, options: MigrateOptions, as_json: bool
 ) -> list[str]:
     from indexer.runtime import open_runtime
 
     async with open_runtime(settings, encoder=False) as rt:
         service = rt.service
         assert service is not None
-        before = await asyncio.to_thread(service.migration_status, collection)  # an unknown collection: one line
+        before = await asyncio.to_thread(service.migration.status, collection)  # an unknown collection: one line
         if action == "migrate":
             assert model is not None
             report = await _migrate(settings, service, collection, model, options)
             return [_report_json(report)] if as_json else _report_lines(report)
         if action == "swap":
-            await asyncio.to_thread(service.swap, collection)
+            await asyncio.to_thread(service.migration.swap, collection)
         elif action == "rollback":
-            await asyncio.to_thread(service.rollback, collection)
+            await asyncio.to_thread(service.migration.rollback, collection)
         elif action in ("drop_old", "drop_shadow"):
             role = "previous" if action == "drop_old" else "shadow"
-            await asyncio.to_thread(service.drop_generation, collection, role)
-        after = before if action == "status" else await asyncio.to_thread(service.migration_status, collection)
+            await asyncio.to_thread(service.migration.drop_generation, collection, role)
+        after = before if action == "status" else await asyncio.to_thread(service.migration.status, collection)
         return [json.dumps(status_json(after), ensure_ascii=False)] if as_json else status_lines(after)
 
 
-async def _migrate(settings: Any, service: Any, collection: str, model: Path, options: MigrateOptions) -> MigrateReport:
+async def _migrate(
+    settings: StorageSettings, service: CollectionService, collection: str, model: Path, options: MigrateOptions
+) -> MigrateReport:
     from cli.progress import rebuild_progress
     from indexer.runtime import model_encoder
 
     encoder = await asyncio.to_thread(model_encoder, settings, model)
     try:
-        await asyncio.to_thread(service.check_migration, collection, encoder)  # one line, before the bar
+        await asyncio.to_thread(service.migration.check_migration, collection, encoder)  # one line, before the bar
         with rebuild_progress(collection) as update:
             # The directory, absolute, is recorded for servers that meet the swap (indexer/service/model_loader.py).
-            return await service.migrate(collection, encoder, options, update, os.path.abspath(model))  # type: ignore[no-any-return]
+            return await service.migration.migrate(collection, encoder, options, update, os.path.abspath(model))  # type: ignore[no-any-return]
     finally:
         await encoder.close()
 

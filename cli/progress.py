@@ -1,4 +1,5 @@
-"""The Rich progress bar of `cnclip index`: items/s, ETA, skipped and failed counts."""
+"""What the terminal shows of an indexing run: the Rich progress bar of `cnclip index` (items/s, ETA,
+skipped and failed counts) and the summary line of a pass, which `cnclip index` and `cnclip watch` print."""
 
 from __future__ import annotations
 
@@ -8,11 +9,16 @@ from contextlib import contextmanager
 from types import TracebackType
 from typing import TYPE_CHECKING
 
+import typer
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from cli.output import plural
+
 if TYPE_CHECKING:
     from indexer.domain.index_summary import IndexSummary
+
+SHOWN_FAILURES = 20  # bad files printed on the terminal; the report file has all of them
 
 
 class IndexProgress:
@@ -63,3 +69,33 @@ def rebuild_progress(collection: str) -> Iterator[Callable[[int, int], None]]:
     task = progress.add_task("reindex", total=None)
     with progress:
         yield lambda done, total: progress.update(task, completed=done, total=total)
+
+
+def print_summary(summary: IndexSummary, dry_run: bool) -> None:
+    """The summary line of a pass (`cnclip index`, the first pass of `cnclip watch`) and its first bad files."""
+    from indexer.fs.file_names import printable
+
+    if dry_run:
+        typer.echo(
+            f"dry run: {plural(summary.would_index, 'image')} to embed, {summary.would_date} to date, "
+            f"{summary.unchanged} unchanged, {plural(summary.duplicates, 'duplicate')}, {summary.renamed} renamed, "
+            f"{plural(summary.would_prune, 'row')} to prune, {len(summary.failures)} unreadable"
+        )
+    else:
+        # A rate only when something was embedded: "0.0 images/s" for a run with nothing to do reads as a stall.
+        rate = f", {summary.embedded / summary.seconds:.1f} images/s" if summary.embedded and summary.seconds else ""
+        dated = f"; dated {summary.dated}" if summary.dated else ""
+        dated += f"; hashed {summary.hashed}" if summary.hashed else ""
+        dated += f"; read for text {summary.read_for_text}" if summary.read_for_text else ""
+        companions = f", RAW beside JPEG {summary.raw_companions}" if summary.raw_companions else ""
+        typer.echo(
+            f"indexed {summary.added} new, {summary.changed} changed, {summary.renamed} renamed; "
+            f"skipped {summary.skipped} (unchanged {summary.unchanged}, duplicates {summary.duplicates}, "
+            f"not images {summary.not_images}, deleted earlier {summary.deleted_before}{companions}); "
+            f"failed {len(summary.failures)}; "
+            f"pruned {summary.pruned}{dated}; {summary.seconds:.1f} s{rate}"
+        )
+    for where, why in summary.failures[:SHOWN_FAILURES]:
+        typer.echo(f"  bad: {printable(where)}: {printable(why)}")
+    if len(summary.failures) > SHOWN_FAILURES:
+        typer.echo(f"  … and {len(summary.failures) - SHOWN_FAILURES} more")

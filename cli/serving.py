@@ -17,6 +17,7 @@ from retrieval.errors import CnclipError
 
 if TYPE_CHECKING:
     from api.config import Settings
+    from retrieval.config import RuntimeSettings
 
 DEFAULT_WORKER_PORT = 8001  # next to `cnclip serve`'s 8000, so that both run on one host without flags
 HostOption = Annotated[str | None, typer.Option(help="Address to bind (default: CNCLIP_HOST, 127.0.0.1).")]
@@ -43,7 +44,7 @@ def exit_on_bad_model(settings: Settings) -> None:
         exit_on_bad_model_dir(settings, name, directory)
 
 
-def exit_on_bad_model_dir(settings: Any, name: str, directory: Any) -> None:
+def exit_on_bad_model_dir(settings: RuntimeSettings, name: str, directory: Any) -> None:
     """One line and status 2 when the model directory `directory` (named by `name`: a setting, an
     option) cannot run with these settings (retrieval/model_check.py)."""
     from retrieval.model_check import check_local_model
@@ -72,6 +73,7 @@ def exit_on_unwatchable_collection(settings: Settings) -> None:
     import asyncio
 
     from indexer.runtime import open_runtime
+    from indexer.service.resolver import check_kind
     from retrieval.errors import NotFound
 
     local = settings.encoder == "local"  # a remote encoder's model is known once it answers: kind only
@@ -85,7 +87,7 @@ def exit_on_unwatchable_collection(settings: Settings) -> None:
                 except NotFound:
                     continue  # the watcher creates it
                 try:  # what the watcher's `ensure` checks, asked now
-                    rt.service.check_kind(info, "images", "watching a folder")
+                    check_kind(info, "images", "watching a folder")
                     if local:
                         rt.service.check_model(info)
                 except CnclipError as exc:

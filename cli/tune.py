@@ -1,4 +1,4 @@
-"""`cnclip tune`: measure this machine and write the tuning file the encoder uses (retrieval/tune.py)."""
+"""`cnclip tune`: measure this machine and write the tuning file the encoder uses (retrieval/toolchain/tune/tuner.py)."""
 
 from __future__ import annotations
 
@@ -38,8 +38,8 @@ def tune(
 
     from retrieval.errors import CnclipError
     from retrieval.memory_budget import parse_budget
-    from retrieval.tune import TuneOptions
-    from retrieval.tune_report import tune_and_write
+    from retrieval.toolchain.tune.report import tune_and_write
+    from retrieval.toolchain.tune.tuner import TuneOptions
     from retrieval.tuning import TUNING_NAME
 
     if out is not None or model.is_dir():  # before minutes of measuring (a missing --model is said below)

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any
 import typer
 
 from cli.errors import EXIT_INTERRUPTED
+from cli.progress import IndexProgress, print_summary
 
 if TYPE_CHECKING:
-    from cli.progress import IndexProgress
     from indexer.config import StorageSettings
     from indexer.domain.index_summary import IndexSummary
     from indexer.watch.watcher import FolderWatcher
@@ -49,7 +49,7 @@ async def _watch(
     rescan_interval: float | None,
     poll: bool,
 ) -> int:
-    from cli.progress import IndexProgress
+    from indexer.bulk.pipeline import ImageIndexer
     from indexer.runtime import open_runtime
     from indexer.watch.watcher import FolderWatcher, WatchOptions
 
@@ -73,6 +73,8 @@ async def _watch(
                 loop.add_signal_handler(signum, on_signal)
             try:
                 await asyncio.to_thread(rt.service.ensure, collection, "images", options.pop("index_factory"))
+                if options.pop("ocr", False):  # --ocr: the collection's from now on (docs/ocr.md)
+                    await asyncio.to_thread(rt.service.texts.set_ocr, collection, True)
                 await rt.start_encoders()  # after the checks: a wrong collection fails before the model loads
                 printer.watcher = FolderWatcher(
                     rt.service,
@@ -81,9 +83,7 @@ async def _watch(
                     watch_options,
                     settings.data_dir,
                     on_pass=printer,
-                    read_threads=settings.index_read_threads,
-                    inflight=max(2, settings.streams + 1),
-                    **options,
+                    pipeline=ImageIndexer.from_settings(settings, rt.service, collection, **options),
                 )
 
                 def progress(summary: IndexSummary) -> None:
@@ -113,11 +113,9 @@ class PassPrinter:
         self.bar_shown: IndexProgress | None = None
 
     def __call__(self, kind: str, summary: IndexSummary) -> None:
-        from cli.indexing import _print_summary
-
         if kind == "first":
             self.bar.close()
-            _print_summary(summary, False)
+            print_summary(summary, False)
             if not summary.interrupted:
                 mode = self.watcher.mode if self.watcher is not None else "?"
                 typer.echo(f"watching {self.source} ({mode}; Ctrl-C to stop)")

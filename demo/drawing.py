@@ -8,7 +8,7 @@ import random
 
 from PIL import Image, ImageDraw
 
-from demo.dataset import BACKGROUNDS, COLOURS, IMAGE_SIZE, POSITIONS, Attributes
+from demo.vocabulary import BACKGROUNDS, COLOURS, IMAGE_SIZE, POSITIONS, Attributes
 
 
 def _jitter(colour: tuple[int, int, int], rng: random.Random, amount: int) -> tuple[int, int, int]:

@@ -34,7 +34,7 @@ from collections.abc import Callable
 import numpy as np
 from PIL import Image
 
-from demo import dataset
+from demo import dataset, vocabulary
 from demo.evaluate import OnnxTowers
 from indexer.domain.perceptual import phash_of_bytes
 from retrieval.config import SHIPPED_MODEL_DIR
@@ -85,9 +85,9 @@ EDITS: dict[str, Callable[[Image.Image], bytes]] = {
 }
 
 
-def _changed(attrs: dataset.Attributes, keys: tuple[str, ...], rng: random.Random) -> dataset.Attributes:
+def _changed(attrs: vocabulary.Attributes, keys: tuple[str, ...], rng: random.Random) -> vocabulary.Attributes:
     key = rng.choice([k for k in keys if k != "position" or attrs.count == 1])
-    choices = [v for v in dataset.VALUES[key] if v not in (getattr(attrs, key), None)]
+    choices = [v for v in vocabulary.VALUES[key] if v not in (getattr(attrs, key), None)]
     if key == "background":
         choices = [v for v in choices if v != attrs.colour]  # a shape never matches its background
     return dataclasses.replace(attrs, **{key: rng.choice(choices)})

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
-from demo import dataset
+from demo import dataset, vocabulary
 from retrieval.config import SHIPPED_MODEL_DIR
 from retrieval.manifest import ModelManifest
 from retrieval.preprocess import normalise
@@ -112,7 +112,10 @@ def retrieval_metrics(bench: Benchmark, img: np.ndarray, qry: np.ndarray, cor: n
 
 def zero_shot_accuracy(bench: Benchmark, towers: OnnxTowers, img: np.ndarray) -> dict[str, float]:
     out = {}
-    for name, labels, key in (("shape", list(dataset.SHAPES), "shape"), ("colour", list(dataset.COLOURS), "colour")):
+    for name, labels, key in (
+        ("shape", list(vocabulary.SHAPES), "shape"),
+        ("colour", list(vocabulary.COLOURS), "colour"),
+    ):
         label_vecs = towers.texts([ZERO_SHOT_TEMPLATE.format(label) for label in labels])
         predicted = (img @ label_vecs.T).argmax(1)
         truth = [getattr(s.attributes, key) for s in bench.gallery]

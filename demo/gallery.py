@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from api.config import Settings
-from demo import dataset
+from demo import dataset, vocabulary
 
 if TYPE_CHECKING:
     from indexer.domain.index_summary import IndexSummary
@@ -41,9 +41,9 @@ class DemoFiles:
     created: bool  # False when an earlier run's files were reused
 
 
-def describe(attrs: dataset.Attributes) -> str:
+def describe(attrs: vocabulary.Attributes) -> str:
     """A caption naming every attribute: "一个大的红色星形在左边，绿色条纹背景"."""
-    what = f"{dataset.COUNT_WORDS[attrs.count]}个{attrs.size}的{attrs.colour}{attrs.shape}"
+    what = f"{vocabulary.COUNT_WORDS[attrs.count]}个{attrs.size}的{attrs.colour}{attrs.shape}"
     where = f"在{attrs.position}" if attrs.position else ""
     return f"{what}{where}，{attrs.background}{attrs.texture}背景"
 
@@ -138,13 +138,7 @@ async def index_demo(settings: Settings, files: DemoFiles, progress: ProgressBar
         assert rt.service is not None
         replaced = await asyncio.to_thread(_drop_other_models, rt.service, rt.encoder.model_id)
         await rt.start_encoders()
-        indexer = ImageIndexer(
-            rt.service,
-            IMAGE_COLLECTION,
-            batch_size=settings.index_batch_size,
-            read_threads=settings.index_read_threads,
-            inflight=max(2, settings.streams + 1),
-        )
+        indexer = ImageIndexer.from_settings(settings, rt.service, IMAGE_COLLECTION)
         with progress or contextlib.nullcontext():
             summary = await indexer.run(files.manifest, on_progress=progress.update if progress is not None else None)
         texts = read_texts(files.texts)

@@ -35,7 +35,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
-from demo import dataset  # noqa: E402
+from demo import dataset, vocabulary  # noqa: E402
 from retrieval.manifest import CNCLIP_MEAN, CNCLIP_STD  # noqa: E402
 from retrieval.tokenizer import tokenize  # noqa: E402
 from retrieval.toolchain.convert.model import CLIP  # noqa: E402
@@ -57,20 +57,20 @@ def images_to_tensor(images: list) -> torch.Tensor:
     return x.sub_(_MEAN).div_(_STD)
 
 
-def patch_labels(images: list, attrs: list[dataset.Attributes], patch: int = 32) -> torch.Tensor:
+def patch_labels(images: list, attrs: list[vocabulary.Attributes], patch: int = 32) -> torch.Tensor:
     """[B, grid*grid] per patch: the shape's index where object pixels cover > 10 % of it, else len(shapes)."""
     # Every 4th pixel of every 4th row (8×8 samples per patch) estimates the cover well enough, and
     # costs a sixteenth: the full-resolution mask took half of the time to make a batch.
     stride = 4
     arr = np.stack([np.asarray(im)[stride // 2 :: stride, stride // 2 :: stride] for im in images]).astype(np.int16)
-    colours = np.array([dataset.COLOURS[a.colour] for a in attrs], dtype=np.int16)[:, None, None, :]
+    colours = np.array([vocabulary.COLOURS[a.colour] for a in attrs], dtype=np.int16)[:, None, None, :]
     # Backgrounds never share a colour with the object, so "within the jitter of its colour" is its mask.
     mask = (np.abs(arr - colours).max(axis=3) <= 14).astype(np.float32)
     b, h, w = mask.shape
     cell = patch // stride
     cover = mask.reshape(b, h // cell, cell, w // cell, cell).mean(axis=(2, 4)).reshape(b, -1)
-    shapes = np.array([dataset.VALUES["shape"].index(a.shape) for a in attrs])[:, None]
-    return torch.from_numpy(np.where(cover > 0.1, shapes, len(dataset.SHAPES)).astype(np.int64))
+    shapes = np.array([vocabulary.VALUES["shape"].index(a.shape) for a in attrs])[:, None]
+    return torch.from_numpy(np.where(cover > 0.1, shapes, len(vocabulary.SHAPES)).astype(np.int64))
 
 
 def visual_features_and_patches(model: CLIP, pixels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -82,7 +82,7 @@ def visual_features_and_patches(model: CLIP, pixels: torch.Tensor) -> tuple[torc
     return v.ln_post(x[:, 0, :]) @ v.proj, x[:, 1:, :]
 
 
-def match_matrix(attrs: list[dataset.Attributes], captions: list[dataset.Caption]) -> torch.Tensor:
+def match_matrix(attrs: list[vocabulary.Attributes], captions: list[dataset.Caption]) -> torch.Tensor:
     """[images, captions] 1.0 where the picture has every attribute the caption names."""
     return torch.tensor([[float(a.matches(c.named)) for c in captions] for a in attrs])
 
@@ -113,10 +113,10 @@ class AttributeHeads(torch.nn.Module):
 
     def __init__(self, dim: int, width: int) -> None:
         super().__init__()
-        self.heads = torch.nn.ModuleDict({k: torch.nn.Linear(dim, len(v)) for k, v in dataset.VALUES.items()})
+        self.heads = torch.nn.ModuleDict({k: torch.nn.Linear(dim, len(v)) for k, v in vocabulary.VALUES.items()})
         # Per patch token: which shape (or background) it shows. A dense signal that teaches the patch
         # embedding and early layers local shape features long before attention learns to find them.
-        self.patch_head = torch.nn.Linear(width, len(dataset.SHAPES) + 1)
+        self.patch_head = torch.nn.Linear(width, len(vocabulary.SHAPES) + 1)
 
     def patch_loss(self, patches: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(self.patch_head(patches).flatten(0, 1), labels.flatten())
@@ -134,7 +134,7 @@ class AttributeHeads(torch.nn.Module):
 
 def attribute_labels(named: list[dict[str, object]]) -> torch.Tensor:
     """[n, keys] value indices per attribute, -100 where an attribute is not named."""
-    rows = [[dataset.VALUES[k].index(d[k]) if k in d else -100 for k in dataset.VALUES] for d in named]
+    rows = [[vocabulary.VALUES[k].index(d[k]) if k in d else -100 for k in vocabulary.VALUES] for d in named]
     return torch.tensor(rows, dtype=torch.int64)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pydantic import Field, SecretStr, field_validator
 
 from indexer.domain.index_spec import InvalidIndexDescription, parse_index
+from indexer.engines import engine_record
 from indexer.watch.settings import WatchTuning
 from retrieval.config import RuntimeSettings
 from retrieval.errors import InvalidInput
@@ -130,9 +131,7 @@ class StorageSettings(WatchTuning, RuntimeSettings):
     @field_validator("vector_store")
     @classmethod
     def _known_engine(cls, value: str) -> str:
-        # The names are the registry's (indexer/storage/vectors/registry.py): an engine added there is a valid value here.
-        from indexer.storage.vectors.registry import engine_record
-
+        # The names are the registry's (indexer/engines.py): an engine added there is a valid value here.
         try:
             return engine_record(value).name
         except InvalidInput as exc:

@@ -5,7 +5,7 @@ every other command and the demo open a `Runtime`; nothing else writes out "open
 the encoder, build the service, start, close".
 
     async with open_runtime(settings, stores="now", sweep_media=True) as rt:   # a server
-        await rt.service.search_text(...)
+        await rt.service.search.text(...)
 
 What a caller does not need is not opened: the worker has no catalog, `cnclip stats` no encoder,
 `cnclip index` opens no vector store before its final flush (`stores="on_use"`). Tests inject an
@@ -20,19 +20,24 @@ before the encoders and the catalog they use.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, Literal
 
-from indexer.domain.records import Catalog
+from indexer.config import StorageSettings
+from indexer.engines import engine_record
 from indexer.service.collections import CollectionService, collection_service
 from indexer.service.model_loader import ModelLoader
+from indexer.service.ports import Catalog
 from indexer.storage.catalog import SqlCatalog
 from indexer.storage.sql.db import check_database, create_db_engine, upgrade, upgrade_settings_db
-from indexer.storage.vectors.registry import engine_record, open_vector_engine
+from indexer.storage.vectors.registry import open_vector_engine
+from retrieval.config import RuntimeSettings
 from retrieval.encoder import create_encoder
 from retrieval.errors import EncoderUnavailable
+from retrieval.ocr.reader import OcrReader, open_rapidocr
 from retrieval.types import Encoder, EncoderObserver
 from retrieval.zeroshot import ZeroShotClassifier
 
@@ -42,7 +47,7 @@ Stores = Literal["now", "on_use"]
 BackgroundJob = Callable[[], Awaitable[None]]
 
 
-def open_catalog(settings: Any, *, open_stores: bool = True, sweep_media: bool = False) -> SqlCatalog:
+def open_catalog(settings: StorageSettings, *, open_stores: bool = True, sweep_media: bool = False) -> SqlCatalog:
     """Migrate the database to the newest schema and open it with the configured vector engine;
     `open_stores` also opens and reconciles every collection's store now (a server), instead of on
     first use (a process that only writes); `sweep_media` removes the upload copies and temp files
@@ -58,12 +63,12 @@ def open_catalog(settings: Any, *, open_stores: bool = True, sweep_media: bool =
     return catalog
 
 
-def upgrade_database(settings: Any) -> str | None:
+def upgrade_database(settings: StorageSettings) -> str | None:
     """`cnclip db upgrade`: create or migrate the catalog database; returns the schema revision."""
     return upgrade_settings_db(settings)
 
 
-def check_storage(settings: Any) -> None:
+def check_storage(settings: StorageSettings) -> None:
     """What would stop a server later, raised now in one line: a SQLite file that is not a cnclip
     catalog (`DatabaseRefused`), a vector engine that cannot be used (`VectorStoreIncompatible`: a
     Milvus server older than the minimum; `VectorStoreUnavailable`: one that cannot be reached)."""
@@ -75,12 +80,12 @@ def check_storage(settings: Any) -> None:
         engine.close()
 
 
-def prepare_for_serving(settings: Any) -> None:
+def prepare_for_serving(settings: StorageSettings) -> None:
     """Process-wide setup a serving process makes for its vector engine (the registry's hook)."""
     engine_record(settings.vector_store).prepare_for_serving()
 
 
-def model_encoders(settings: Any, observer: EncoderObserver | None = None) -> list[Encoder]:
+def model_encoders(settings: RuntimeSettings, observer: EncoderObserver | None = None) -> list[Encoder]:
     """The settings' encoder, then one per `CNCLIP_MODEL_DIRS` directory (a server that answers
     collections of several models, e.g. during `cnclip migrate`); not started."""
     return [create_encoder(settings, observer=observer)] + [
@@ -88,7 +93,7 @@ def model_encoders(settings: Any, observer: EncoderObserver | None = None) -> li
     ]
 
 
-def model_encoder(settings: Any, model_dir: Any, observer: EncoderObserver | None = None) -> Encoder:
+def model_encoder(settings: RuntimeSettings, model_dir: Any, observer: EncoderObserver | None = None) -> Encoder:
     """An encoder of the model in `model_dir`, with the settings' runtime options (`cnclip migrate --model`).
     `ModelError` when the directory holds no usable model."""
     from pathlib import Path
@@ -97,6 +102,25 @@ def model_encoder(settings: Any, model_dir: Any, observer: EncoderObserver | Non
 
     ModelManifest.load(Path(model_dir))  # one clear line for a directory that is not a model
     return create_encoder(settings.model_copy(update={"model_dir": Path(model_dir)}), observer=observer)
+
+
+async def _attach_ocr(
+    service: CollectionService, settings: RuntimeSettings, stack: AsyncExitStack, *, load_now: bool
+) -> None:
+    """Hand the service an OCR reader (retrieval/ocr/reader.py), on the provider the CLIP sessions
+    would choose; it loads on first use. A warm process whose catalog has OCR collections loads it now,
+    so that an engine that cannot load is one line at start (and every collection still works)."""
+    open_engine = functools.partial(open_rapidocr, settings.provider, settings.device_id)
+    reader = OcrReader(
+        open_engine,
+        threads=settings.ocr_threads,
+        max_bytes=settings.max_image_bytes,
+        max_pixels=settings.max_image_pixels,
+    )
+    stack.push_async_callback(asyncio.to_thread, reader.close)
+    service.texts.reader = reader
+    if load_now and any(state.ocr for state in await asyncio.to_thread(service.catalog.collections)):
+        await asyncio.to_thread(reader.engine)
 
 
 class Runtime:
@@ -165,7 +189,7 @@ class Runtime:
 
 @asynccontextmanager
 async def open_runtime(
-    settings: Any,
+    settings: StorageSettings,
     *,
     catalog: bool | Catalog = True,
     encoder: bool | Encoder = True,
@@ -205,11 +229,15 @@ async def open_runtime(
             default = runtime.encoder if runtime.encoders else None
             runtime.service = collection_service(runtime.catalog, default, settings, list(runtime.encoders.values()))
             if runtime.encoders:  # a collection swapped to a model not held here: load it (no restart)
-                loader = ModelLoader(settings, runtime.catalog.model_source, runtime.service.model_loaded, observer)
+                loader = ModelLoader(
+                    settings, runtime.catalog.generations.model_source, runtime.service.migration.model_loaded, observer
+                )
                 loader.bind(asyncio.get_running_loop())
-                runtime.service.model_loader = loader
+                runtime.service.migration.model_loader = loader
                 stack.push_async_callback(loader.close)
         stack.push_async_callback(runtime._stop_background)
+        if runtime.service is not None:
+            await _attach_ocr(runtime.service, settings, stack, load_now=warm)
         if warm:
             await runtime.start_encoders()
         runtime._opened()

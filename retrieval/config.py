@@ -125,6 +125,13 @@ class RuntimeSettings(BaseSettings):
         description="Pixels all images of one request may hold together, read from their headers before any is "
         "decoded (413 above it); unset = 8 × CNCLIP_MAX_IMAGE_PIXELS.",
     )
+    ocr_threads: int = Field(
+        2,
+        ge=1,
+        le=64,
+        description="Photos read for text at once in collections with OCR (docs/ocr.md), one ONNX Runtime thread "
+        "each, apart from the encoder's streams.",
+    )
 
     # --- model download (`cnclip models pull`) ------------------------------------------------
     model_base_url: str = Field(

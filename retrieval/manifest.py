@@ -31,7 +31,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +38,8 @@ from typing import Any
 
 from retrieval.errors import ModelError
 from retrieval.json_text import loads
-from retrieval.regular_file import UnusableFile, open_regular, read_regular_text
+from retrieval.model_files import Dims, GraphShapes, check_model_files, sha256_file
+from retrieval.regular_file import UnusableFile, read_regular_text
 
 MANIFEST_NAME = "manifest.json"
 FORMAT_VERSION = 2
@@ -60,30 +60,6 @@ def same_model(recorded: str, model_id: str) -> bool:
     Collections made before model ids carried a fingerprint recorded the bare name; those are
     taken at their word, so that upgrading the service does not force a re-index."""
     return recorded == model_id or recorded == model_id.split("@", 1)[0]
-
-
-# sha256 of files this process hashed, by (device, inode, size, mtime, ctime) of the file read: a model
-# directory is checked in full before a server starts and loaded again by its encoder, hashed once.
-_HASHED: dict[tuple[int, ...], str] = {}
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    """The file's sha256, read only if it is a regular file (`UnusableFile` else)."""
-    with os.fdopen(open_regular(path), "rb") as f:
-        info = os.fstat(f.fileno())
-        key = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
-        if key in _HASHED:
-            return _HASHED[key]
-        digest = hashlib.sha256()
-        try:  # a regular file can still fail to read: a link to /proc/self/mem (EIO), a failing disk
-            while block := f.read(chunk):
-                digest.update(block)
-        except OSError as exc:
-            raise UnusableFile(path, f"cannot be read ({exc.strerror or exc})") from exc
-    if len(_HASHED) >= 4096:
-        _HASHED.clear()
-    _HASHED[key] = digest.hexdigest()
-    return _HASHED[key]
 
 
 @dataclass(frozen=True)
@@ -171,6 +147,18 @@ class ModelManifest:
                 f"the model has no {tower}/{precision} graph for batch {bucket} at length {length}"
             ) from None
 
+    def graph_shapes(self) -> dict[str, GraphShapes]:
+        """graph file -> the input and output names and shapes this manifest promises for it."""
+        shapes: dict[str, GraphShapes] = {}
+        for tower_name, tower in self.towers.items():
+            graphs = [(b, self.context_length, f) for g in tower.graphs.values() for b, f in g.items()]
+            graphs += [(b, n, f) for by_n in tower.short_graphs.values() for n, g in by_n.items() for b, f in g.items()]
+            for bucket, length, name in graphs:
+                side = self.image_size
+                shape: Dims = (bucket, 3, side, side) if tower_name == "image" else (bucket, length)
+                shapes[name] = GraphShapes(tower.input_name, shape, tower.output_name, (bucket, self.embed_dim))
+        return shapes
+
     def to_json(self) -> dict[str, Any]:
         return {
             # Without length buckets a manifest stays format 1, readable by earlier versions too.
@@ -208,8 +196,6 @@ class ModelManifest:
     @classmethod
     def load(cls, directory: Path, verify: bool = True) -> ModelManifest:
         """Read and check a model directory; every problem is reported with the file it concerns."""
-        from retrieval.model_files import check_model_files
-
         directory = Path(directory)
         path = directory / MANIFEST_NAME
         try:
@@ -222,7 +208,8 @@ class ModelManifest:
             raise ModelError(f"{path} is not valid JSON: {exc}") from None
         manifest = _parse(raw, path)
         manifest = ModelManifest(**{**manifest.__dict__, "directory": directory})
-        check_model_files(manifest)  # regular files of plausible size, graphs of the manifest's shapes
+        # Regular files of plausible size, graphs of the shapes this manifest promises.
+        check_model_files(directory, manifest.files, manifest.graph_shapes())
         if verify:
             manifest.verify()
         return manifest

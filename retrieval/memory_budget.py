@@ -1,5 +1,5 @@
 """How much memory the towers' weight copies may take: the one rule the tuner and the runtime share.
-(The tuner charges each configuration what its sessions took on this machine, retrieval/tune_memory.py;
+(The tuner charges each configuration what its sessions took on this machine, retrieval/toolchain/tune/memory.py;
 the runtime, which has only the files, estimates from their size.)
 
 A tower's sessions either share one weight copy (ONNX Runtime on the CPU, prepacking off) or hold a

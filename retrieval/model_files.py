@@ -1,8 +1,10 @@
 """The files of a model directory, checked before anything opens them for real: every graph and data
 file the manifest names is a regular file of a size its kind can have (retrieval/regular_file.py),
-and every graph's inputs and outputs have the shapes the manifest promises.
+every graph's inputs and outputs have the shapes the manifest promises, and each file's sha256.
 
-`ModelManifest.load` calls `check_model_files` for every model directory, wherever one is named
+This module knows files, not manifests (retrieval/manifest.py imports it, never the reverse): it is
+handed the names and the promised shapes (`ModelManifest.graph_shapes`). `ModelManifest.load` calls
+`check_model_files` for every model directory, wherever one is named
 (`CNCLIP_MODEL_DIR`, `CNCLIP_MODEL_DIRS`, `cnclip migrate --model`, …), so a directory whose
 manifest says `image_size` 225 or `embed_dim` 64 while its graphs take 224 and give 128 is refused
 in one line at once — not at warm-up (a traceback after the port is bound), and not after a
@@ -15,16 +17,14 @@ graph with inline weights costs a few page reads, and a file that is not a graph
 
 from __future__ import annotations
 
+import hashlib
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import NamedTuple
 
 from retrieval.errors import ModelError
 from retrieval.regular_file import UnusableFile, check_regular, open_regular
-
-if TYPE_CHECKING:
-    from retrieval.manifest import ModelManifest
 
 # Protobuf messages cannot exceed 2 GiB, so no ONNX graph file can (weights beyond go to data files).
 MAX_GRAPH_BYTES = (2 << 30) - 1
@@ -36,6 +36,39 @@ _MAX_FIELDS = 2_000_000  # nodes and initializers of one graph (ViT-H has ~10,00
 Dims = tuple[int | None, ...]  # None: a symbolic or unknown dimension
 
 
+class GraphShapes(NamedTuple):
+    """The input and output one graph file must have: names and shapes."""
+
+    input_name: str
+    input_shape: Dims
+    output_name: str
+    output_shape: Dims
+
+
+# sha256 of files this process hashed, by (device, inode, size, mtime, ctime) of the file read: a model
+# directory is checked in full before a server starts and loaded again by its encoder, hashed once.
+_HASHED: dict[tuple[int, ...], str] = {}
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    """The file's sha256, read only if it is a regular file (`UnusableFile` else)."""
+    with os.fdopen(open_regular(path), "rb") as f:
+        info = os.fstat(f.fileno())
+        key = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+        if key in _HASHED:
+            return _HASHED[key]
+        digest = hashlib.sha256()
+        try:  # a regular file can still fail to read: a link to /proc/self/mem (EIO), a failing disk
+            while block := f.read(chunk):
+                digest.update(block)
+        except OSError as exc:
+            raise UnusableFile(path, f"cannot be read ({exc.strerror or exc})") from exc
+    if len(_HASHED) >= 4096:
+        _HASHED.clear()
+    _HASHED[key] = digest.hexdigest()
+    return _HASHED[key]
+
+
 def max_data_bytes() -> int:
     """The largest weight file a model can have here: the machine's memory (it must fit to run)."""
     try:
@@ -44,14 +77,11 @@ def max_data_bytes() -> int:
         return 1 << 40
 
 
-def check_model_files(manifest: ModelManifest) -> None:
-    """`ModelError` (one line) unless every file the manifest names is a usable regular file and every
-    graph's input and output shapes are the manifest's."""
-    directory = manifest.directory
-    assert directory is not None
-    graphs = _graph_shapes(manifest)
+def check_model_files(directory: Path, files: Iterable[str], graphs: Mapping[str, GraphShapes]) -> None:
+    """`ModelError` (one line) unless every file named (`files` and the keys of `graphs`) is a usable
+    regular file in `directory` and every graph's input and output are the ones `graphs` gives."""
     data_limit = max_data_bytes()
-    for name in sorted(set(manifest.files) | set(graphs)):
+    for name in sorted(set(files) | set(graphs)):
         path = directory / name
         try:
             if name in graphs:
@@ -64,20 +94,7 @@ def check_model_files(manifest: ModelManifest) -> None:
             raise ModelError(f"model file {exc.message}") from None
 
 
-def _graph_shapes(manifest: ModelManifest) -> dict[str, tuple[str, Dims, str, Dims]]:
-    """graph file -> (input name, its shape, output name, its shape) the manifest promises."""
-    expected: dict[str, tuple[str, Dims, str, Dims]] = {}
-    for tower_name, tower in manifest.towers.items():
-        graphs = [(b, manifest.context_length, f) for g in tower.graphs.values() for b, f in g.items()]
-        graphs += [(b, n, f) for by_n in tower.short_graphs.values() for n, g in by_n.items() for b, f in g.items()]
-        for bucket, length, name in graphs:
-            size = manifest.image_size
-            shape: Dims = (bucket, 3, size, size) if tower_name == "image" else (bucket, length)
-            expected[name] = (tower.input_name, shape, tower.output_name, (bucket, manifest.embed_dim))
-    return expected
-
-
-def _check_graph(path: Path, name: str, expected: tuple[str, Dims, str, Dims]) -> None:
+def _check_graph(path: Path, name: str, expected: GraphShapes) -> None:
     input_name, input_shape, output_name, output_shape = expected
     inputs, outputs = graph_signature(path)
     for role, names, want_name, want in (

@@ -145,7 +145,7 @@ def _mime(image: Image.Image) -> str:
 @dataclass(frozen=True)
 class ImageHeader:
     """What an image's header says, read once without decoding pixels: the format, the size as
-    displayed (EXIF-rotated) and the EXIF date fields, raw (indexer/storage/sql/taken.py reads the date)."""
+    displayed (EXIF-rotated) and the EXIF date fields, raw (indexer/domain/taken.py reads the date)."""
 
     mime: str
     width: int

@@ -27,9 +27,9 @@ import onnx
 from retrieval.backends import DEFAULT_BACKEND, Backend, DeviceChoice, backend_named
 from retrieval.config import RuntimeSettings
 from retrieval.errors import EncoderUnavailable, ModelError
-from retrieval.gate import recorded_failures
 from retrieval.manifest import ModelManifest
 from retrieval.memory_budget import BudgetSetting, resolve_budget
+from retrieval.recorded_gate import recorded_failures
 from retrieval.tuning import Shape, TowerChoice, TuningFile, parse_shape_key, shape_key
 from retrieval.types import TOWERS
 

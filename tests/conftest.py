@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from api.config import Settings
-from retrieval.toy_model import write_toy_model
+from retrieval.toolchain.toy_model import write_toy_model
+from tests.support.engines import MILVUS_SERVER, EngineUnderTest, engine_under_test
 
-pytest_plugins = ["tests.support.browser_fixtures"]  # browser, width, log for the browser tests
+if TYPE_CHECKING:  # the catalog fixture imports it when a test asks: most tests need no database
+    from indexer.storage.catalog import SqlCatalog
 
 # The default run pairs each Milvus engine with one database, not both: the real server with
 # PostgreSQL (a deployment's pairing), Milvus Lite with SQLite (a single machine's); FAISS keeps both.
@@ -33,9 +34,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def toy_model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A tiny model directory with the runtime's real interface (see retrieval/toy_model.py)."""
+    """A tiny model directory with the runtime's real interface (see retrieval/toolchain/toy_model.py)."""
     directory = tmp_path_factory.mktemp("toy-model")
     write_toy_model(directory)
+    return directory
+
+
+@pytest.fixture(scope="session")
+def next_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A second toy model (16-d, other weights, no int8 files): the model a migration moves a collection to."""
+    directory = tmp_path_factory.mktemp("toy-next")
+    write_toy_model(directory, dim=16, seed=5, name="toy-next", int8=False)
     return directory
 
 
@@ -56,6 +65,16 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
 
     with fresh_schema() as url:
         yield url
+
+
+@pytest.fixture
+def catalog(database_url: str, tmp_path: Path) -> Iterator[SqlCatalog]:
+    """A catalog on each database in turn (its FAISS files under the test's `data`), closed afterwards."""
+    from tests.support.indexer_helpers import open_test_catalog
+
+    opened = open_test_catalog(tmp_path / "data", database_url)
+    yield opened
+    opened.close()
 
 
 @pytest.fixture(scope="session")
@@ -82,29 +101,6 @@ def project_log_levels() -> Iterator[None]:
         logging.getLogger(name).setLevel(level)
 
 
-@dataclass(frozen=True)
-class EngineUnderTest:
-    """A vector engine a test runs on: FAISS files, a Milvus Lite file, or the real Milvus server."""
-
-    name: str  # faiss, milvus-lite, milvus-server
-    milvus_uri: str | None = None  # the server's; None: Lite's default file under the data dir
-
-    @property
-    def vector_store(self) -> str:
-        return "faiss" if self.name == "faiss" else "milvus"
-
-    def overrides(self) -> dict[str, Any]:
-        """Settings keyword arguments that select this engine."""
-        return {"vector_store": self.vector_store, **({"milvus_uri": self.milvus_uri} if self.milvus_uri else {})}
-
-    def env(self) -> dict[str, str]:
-        """The same, as CNCLIP_* variables for a `cnclip` subprocess."""
-        return {
-            "CNCLIP_VECTOR_STORE": self.vector_store,
-            **({"CNCLIP_MILVUS_URI": self.milvus_uri} if self.milvus_uri else {}),
-        }
-
-
 @pytest.fixture(scope="session")
 def milvus_server() -> Iterator[Any]:
     """The real Milvus server (tests/support/real_milvus.py), started once per test run when a test asks."""
@@ -129,15 +125,6 @@ def milvus_server_uri(milvus_server: Any) -> Iterator[str]:
             client.drop_collection(name)
     finally:
         client.close()
-
-
-def engine_under_test(request: pytest.FixtureRequest, name: str) -> EngineUnderTest:
-    if name == "milvus-server":
-        return EngineUnderTest(name, request.getfixturevalue("milvus_server_uri"))
-    return EngineUnderTest(name)
-
-
-MILVUS_SERVER = pytest.param("milvus-server", marks=pytest.mark.milvus_server)
 
 
 @pytest.fixture(params=["faiss", "milvus-lite", MILVUS_SERVER])

@@ -238,7 +238,8 @@ async function openItem(id) {
   showPage("item");
   view.clearResults();
   $("#item-image").removeAttribute("src");
-  for (const el of ["#item-caption", "#item-file", "#item-tags", "#item-meta"]) $(el).textContent = "";
+  for (const el of ["#item-caption", "#item-file", "#item-tags", "#item-meta", "#item-ocr-text"]) $(el).textContent = "";
+  $("#item-ocr").hidden = true;
   const item = await view.run("正在加载…", () => api(`/v1/items/${id}`), {
     not_found: "没有找到这张图片，它可能已被删除。",
   });
@@ -253,6 +254,9 @@ async function openItem(id) {
   const taken = takenText(item);
   $("#item-meta").textContent =
     `${item.width}×${item.height} · ${item.mime || ""} · 集合 ${item.collection}${taken ? ` · ${taken}` : ""}`;
+  // The text recognised in the photo (collections with ocr), as text: a photo can say anything.
+  $("#item-ocr-text").textContent = item.ocr_text || "";
+  $("#item-ocr").hidden = !item.ocr_text;
   window.scrollTo(0, 0);
   const params = new URLSearchParams({ k: $("#k").value, ...pageOptions("image", item.collection) });
   const page = async (offset) => {

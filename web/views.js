@@ -192,6 +192,24 @@ function textLine(className, text) {
   return span;
 }
 
+// The recognised line holding the match (text in photos), the matched characters in <mark>; a long
+// lead-in is cut to its last characters so the mark stays in view (the whole line is the tooltip).
+// Built from text nodes only: the text is whatever a photo says, never markup. Offsets count code points.
+const MATCH_LEAD = 6;
+function matchedLine(match) {
+  const line = Array.from(match.line);
+  const start = Math.max(0, match.start - match.line_start);
+  const end = Math.min(line.length, match.end - match.line_start);
+  const lead = start > MATCH_LEAD + 2 ? `…${line.slice(start - MATCH_LEAD, start).join("")}` : line.slice(0, start).join("");
+  const span = document.createElement("span");
+  span.className = "ocr-match";
+  span.title = `图中文字：${match.line}`;
+  const mark = document.createElement("mark");
+  mark.textContent = line.slice(start, end).join("");
+  span.append(document.createTextNode(lead), mark, document.createTextNode(line.slice(end).join("")));
+  return span;
+}
+
 // The file name when the result has one (images indexed from files), then the caption;
 // "（无描述）" when there is neither.
 function resultCard(result) {
@@ -222,6 +240,7 @@ function resultCard(result) {
   } else {
     link.append(textLine("caption", result.caption || "（无描述）"));
   }
+  if (result.matched_text) link.append(matchedLine(result.matched_text));
   link.append(textLine("score", `相似度 ${result.score.toFixed(3)}`));
   const taken = takenText(result);
   if (taken) link.append(textLine("taken", taken));

@@ -31,6 +31,7 @@ from api.uploads import inspect_image, parse_string_list, read_upload
 from indexer.domain.names import COLLECTION_NAME_PATTERN
 from indexer.domain.records import CollectionInfo, NewText
 from indexer.service.collections import CollectionService
+from retrieval.errors import InvalidInput
 from retrieval.relevance import suggested_min_scores
 
 router = APIRouter(prefix="/v1/collections", tags=["collections"], route_class=GuardedRoute)
@@ -58,11 +59,12 @@ def _collection_out(info: CollectionInfo, default: bool, migrating: tuple[str, i
         suggested_min_score=dict(suggested_min_scores(info.model)),
         migration=migration,
         degraded=info.degraded,
+        ocr=info.ocr,
     )
 
 
 def _listed(service: CollectionService) -> list[CollectionOut]:
-    migrating = service.migrations()
+    migrating = service.migration.in_progress()
     return [_collection_out(info, default, migrating.get(info.id)) for info, default in service.list_all()]
 
 
@@ -81,7 +83,11 @@ async def list_collections(collections: CollectionsDep) -> list[CollectionOut]:
 async def create_collection(body: CreateCollectionRequest, collections: CollectionsDep) -> CollectionOut:
     """A new, empty collection for vectors of the server's model (409 when the name is taken,
     case-insensitively, or the catalog holds CNCLIP_MAX_COLLECTIONS already)."""
+    if body.ocr and body.kind != "images":
+        raise InvalidInput("ocr: only image collections have their text read")
     info = await run_blocking(collections.create, body.name, body.kind, body.index)
+    if body.ocr:
+        await run_blocking(collections.texts.set_ocr, info.name, True)
     return await run_blocking(_one, collections, info.name)
 
 
@@ -107,11 +113,13 @@ async def add_image(
     tags: Annotated[str | None, Form(description="Comma-separated (猫,室内) or a JSON list.")] = None,
 ) -> AddedItem:
     """Add one image (with optional caption and tags) to an image collection of the server's model."""
-    await run_blocking(collections.writable, name, "images")  # before the upload is read
+    target = await run_blocking(collections.resolver.writable, name, "images")  # before the upload is read; passed down
     tag_list = parse_string_list(tags, "tags", MAX_TAGS, 64) or []
     data = await read_upload(file, settings.max_image_bytes)
     header = await run_blocking(inspect_image, data, settings)  # the upload's one header read
-    added = await collections.add_upload(name, data, header, caption=(caption or "").strip() or None, tags=tag_list)
+    added = await collections.writes.add_upload(
+        target, data, header, caption=(caption or "").strip() or None, tags=tag_list
+    )
     metrics.items_indexed.labels(name, "images").inc(int(added.created))
     return AddedItem(id=added.id, created=added.created)
 
@@ -120,6 +128,6 @@ async def add_image(
 async def add_texts(name: Name, body: AddTextsRequest, collections: CollectionsDep, metrics: MetricsDep) -> AddedItems:
     """Add texts (captions, tags, sentences) to a text collection, for image → text search."""
     new = [NewText(text=t.text, tags=list(t.tags)) for t in body.normalised()]
-    added = await collections.add_text_items(name, new)
+    added = await collections.writes.add_text_items(name, new)
     metrics.items_indexed.labels(name, "texts").inc(sum(a.created for a in added))
     return AddedItems(items=[AddedItem(id=a.id, created=a.created) for a in added])

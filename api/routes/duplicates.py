@@ -30,6 +30,6 @@ async def list_duplicates(
     Large collections answer within CNCLIP_DUPLICATE_TIME_BUDGET_S with what was found so far
     (`complete` false); ask again to go on."""
     timer = StageTimer()
-    await collections.calibrate_duplicates(name)  # measured once per model and collection size
-    page = await run_blocking(collections.duplicates, name, tier, offset, limit)
+    await collections.duplicates.calibrate(name)  # measured once per model and collection size
+    page = await run_blocking(collections.duplicates.page, name, tier, offset, limit)
     return duplicates_out(page, timer.finish())

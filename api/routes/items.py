@@ -46,7 +46,8 @@ _FORMAT_DOC = (
 
 @router.get("/{item_id}", response_model=ItemOut, dependencies=[ReadAccess])
 async def get_item(item_id: ItemId, collections: CollectionsDep) -> ItemOut:
-    return item_out(await run_blocking(collections.item, item_id))
+    item = await run_blocking(collections.item, item_id)
+    return item_out(item, await run_blocking(collections.texts.recognised, item_id))
 
 
 @router.get("/{item_id}/image", response_class=Response, dependencies=[ReadAccess])
@@ -93,7 +94,7 @@ async def similar_items(
     timer = StageTimer()
     page = PageRequest(k, offset, min_score, sort)
     filters = to_search_filters(None, taken_from, taken_to)
-    found = await collections.similar_to(item_id, page, filters, excluded=exclude or (), mark=timer.mark)
+    found = await collections.search.similar(item_id, page, filters, excluded=exclude or (), mark=timer.mark)
     timings = timer.finish()
     metrics.observe_stages("similar", timings)
     return page_out(found, timings)

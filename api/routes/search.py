@@ -31,12 +31,13 @@ router = APIRouter(prefix="/v1/search", tags=["search"], dependencies=[ReadAcces
 
 @router.post("/text", response_model=SearchResponse)
 async def search_text(body: TextSearchRequest, collections: CollectionsDep, metrics: MetricsDep) -> SearchResponse:
-    """Images (of `collection`, default: the default image collection) that match a text."""
+    """Images (of `collection`, default: the default image collection) that match a text: by CLIP, by the
+    text recognised in them, or both (`mode`)."""
     timer = StageTimer()
     page = PageRequest(body.k, body.offset, body.min_score, body.sort)
     filters = to_search_filters(body.filters)
-    found = await collections.search_text(
-        body.query, body.collection, page, filters, excluded=body.exclude, mark=timer.mark
+    found = await collections.search.text(
+        body.query, body.collection, page, filters, excluded=body.exclude, mode=body.mode, mark=timer.mark
     )
     timings = timer.finish()
     metrics.observe_stages("search_text", timings)
@@ -70,7 +71,7 @@ async def search_image(
     await run_blocking(inspect_image, data, settings)
     timer.mark("read")
     filters = to_search_filters(None, taken_from, taken_to)
-    found = await collections.search_image(
+    found = await collections.search.image(
         data, collection or None, target, page, filters, excluded=exclude or (), mark=timer.mark
     )
     timings = timer.finish()

@@ -34,21 +34,17 @@ import os
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 from indexer.bulk.reading import PreparedFile, read_file
 from indexer.bulk.sources import SourceEntry
-from indexer.domain.names import check_collection_name
-from indexer.domain.records import FileState, TakenSource
+from indexer.domain.duplicates import FileCopy
+from indexer.domain.records import FileMoves, FileState
 from indexer.fs.presence import file_gone, row_gone
-from indexer.storage.media.thumbnails import thumbnail_path
-from indexer.storage.sql.duplicate_rows import FileCopy
 
 if TYPE_CHECKING:
     from indexer.domain.index_summary import IndexSummary
-    from indexer.domain.records import Catalog, CollectionKind, CollectionState
     from indexer.service.collections import CollectionService
 
 Todo = list[tuple[SourceEntry, FileState | None]]
@@ -56,19 +52,6 @@ Reader = Callable[[SourceEntry, FileState | None], PreparedFile | tuple[str, str
 CopiesOf = Callable[[Sequence[str]], dict[str, list[FileCopy]]]
 UNDECIDED = "not indexed yet: a file this run could not read (or that moved while it was read) may hold the bytes of this path's item"
 Known = Callable[[Sequence[str]], dict[str, tuple[str, FileState]]]  # sha256 -> (path, state) of indexed files
-
-
-@dataclass
-class FileMoves:
-    """One pass's path updates: (item id, path, folder, size, mtime) with the file's date as read now,
-    and the items to delete as replaced (their path holds another item's bytes, theirs are nowhere)."""
-
-    paths: list[tuple[int, str, str | None, int, float]] = field(default_factory=list)
-    dates: dict[int, tuple[datetime, TakenSource]] = field(default_factory=dict)
-    replaced: list[int] = field(default_factory=list)
-
-    def __bool__(self) -> bool:
-        return bool(self.paths or self.replaced)
 
 
 @dataclass
@@ -336,16 +319,16 @@ def settle_moves(
     plan = plan_moves(
         todo,
         lambda entry, state: read_file(entry, state, None, None, limit),
-        lambda shas: service.copies_of(collection, shas),
+        lambda shas: service.moves.copies_of(collection, shas),
         threads,
-        lambda shas: service.files_with(collection, shas),
+        lambda shas: service.moves.files_with(collection, shas),
         halted,
         moving,
     )
     if dry_run is not None:
         plan.follow(dry_run)
     elif plan.moves:
-        (write or functools.partial(service.move_files, collection))(plan.moves)
+        (write or functools.partial(service.moves.move_files, collection))(plan.moves)
     summary.renamed += plan.renamed
     summary.unchanged += plan.touched
     summary.failures += [(path, UNDECIDED) for path in plan.undecided]
@@ -364,35 +347,3 @@ def prunable(states: dict[str, FileState], contents: dict[str, tuple[int, str | 
         moved = now is not None and now[0] == state.id and now[1] not in (None, path) and not file_gone(str(now[1]))
         count += not moved
     return count
-
-
-class _Service(Protocol):
-    """The parts of `CollectionService` (indexer/service/collections.py) these use cases build on."""
-
-    catalog: Catalog
-    thumbs_dir: Path | None
-
-    def writable(self, name: str, kind: CollectionKind) -> CollectionState: ...
-
-
-class MoveCases:
-    """Mixed into `CollectionService`, the one door to storage."""
-
-    def move_files(self: _Service, name: str, moves: FileMoves) -> None:
-        """Write one pass's moves by content in one transaction; a replaced item's cached thumbnail
-        goes with it."""
-        target = self.writable(name, "images").name
-        gone = self.catalog.get_many(moves.replaced) if moves.replaced and self.thumbs_dir is not None else []
-        self.catalog.move_files(target, moves)
-        for item in gone:  # after the commit: a cache file that will not go never undoes the moves
-            if item.sha256 and self.thumbs_dir is not None:
-                with contextlib.suppress(OSError):  # served by item id only, and the item is gone
-                    thumbnail_path(self.thumbs_dir, item.sha256).unlink(missing_ok=True)
-
-    def copies_of(self: _Service, name: str, shas: Sequence[str]) -> dict[str, list[FileCopy]]:
-        """sha256 -> the recorded copies of those bytes (where a displaced item's bytes may be)."""
-        return self.catalog.copies_of(check_collection_name(name), shas)
-
-    def files_with(self: _Service, name: str, shas: Sequence[str]) -> dict[str, tuple[str, FileState]]:
-        """sha256 -> (path, state) of the indexed files with these bytes (where their items are)."""
-        return self.catalog.files_with(check_collection_name(name), shas)

@@ -21,29 +21,30 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from indexer.bulk.backfills import backfill
-from indexer.bulk.moves import FileMoves, prunable, settle_moves, unchanged
-from indexer.bulk.raw_companions import raw_companions
+from indexer.bulk.index_run import IndexRun, Todo, plan
+from indexer.bulk.moves import FileMoves, prunable, settle_moves
+from indexer.bulk.ocr_stage import OcrStage
 from indexer.bulk.reading import PreparedFile, read_file, read_phash, read_taken
 from indexer.bulk.routing import FileRouter, MovePayload
 from indexer.bulk.sources import SourceEntry, identities, load_entries
+from indexer.config import StorageSettings
 from indexer.domain.index_summary import IndexSummary, ProgressCallback
-from indexer.domain.records import CollectionState, FileState, NewImage
-from indexer.fs.presence import gone_error, row_gone
+from indexer.domain.records import CollectionState, FileState
+from indexer.fs.presence import row_gone
 from indexer.service.collections import CollectionService
-from indexer.storage.sql.duplicate_rows import FileCopy
 from retrieval.errors import InvalidImage, NotFound
 from retrieval.preprocess import preprocess_image
 from retrieval.types import Encoder
 
-__all__ = ["ImageIndexer", "IndexSummary", "ProgressCallback"]
+__all__ = ["ImageIndexer", "IndexRun", "IndexSummary", "ProgressCallback", "Todo"]
 
 log = logging.getLogger(__name__)
 
-Todo = list[tuple[SourceEntry, FileState | None]]
 Embedding = asyncio.Task[tuple[list[PreparedFile], np.ndarray]]
 
 
@@ -51,9 +52,8 @@ class ImageIndexer:
     """Indexes a folder or manifest into one image collection through the collection service
     (which checks the collection's kind and model) with the encoder of the collection's active model
     (a server may hold several, CNCLIP_MODEL_DIRS); its vectors are tagged with that generation, so a
-    model swap during the run refuses them (`GenerationMoved`) instead of mixing two models."""
-
-    flush_at_end = True  # save the vector store when a run ends
+    model swap during the run refuses them (`GenerationMoved`) instead of mixing two models. What a run
+    learns lives in its `IndexRun` (indexer/bulk/index_run.py), made per run."""
 
     def __init__(
         self,
@@ -75,15 +75,35 @@ class ImageIndexer:
         self.inflight = inflight
         self.index_factory = index_factory
         self.restore_deleted = restore_deleted
-        self.undated: list[SourceEntry] = []  # unchanged files whose rows have no taken_at (from _plan)
-        self.unhashed: list[SourceEntry] = []  # unchanged files whose rows have no perceptual hash
-        self.copies: list[FileCopy] = []  # files with the bytes of an item at another path (recorded at the end)
-        self._target: CollectionState | None = None  # the collection as this run found it (`ensure`)
+        self.ocr = OcrStage(service)  # collections with OCR: text read beside the embedding (docs/ocr.md)
 
-    @property
-    def encoder(self) -> Encoder:
-        assert self._target is not None, "the collection is resolved when the run starts"
-        return self.service.encoder_for(self._target)  # EncoderUnavailable in a process with no model
+    @classmethod
+    def from_settings(
+        cls, settings: StorageSettings, service: CollectionService, collection: str, **options: Any
+    ) -> ImageIndexer:
+        """The pipeline with the settings' batch size and reader threads, and `inflight` batches: one
+        per encoder stream plus one being filled, at least two (the one rule of every caller)."""
+        options.setdefault("batch_size", settings.index_batch_size)
+        options.setdefault("read_threads", settings.index_read_threads)
+        return cls(service, collection, inflight=max(2, settings.streams + 1), **options)
+
+    def encoder(self, run: IndexRun) -> Encoder:
+        """The encoder of the run's collection (`EncoderUnavailable` in a process with no model)."""
+        return self.service.migration.encoder_for(run.target)
+
+    def new_run(
+        self,
+        summary: IndexSummary,
+        stop: asyncio.Event,
+        report: ProgressCallback,
+        *,
+        target: CollectionState | None = None,
+        **hooks: Any,
+    ) -> IndexRun:
+        """A run into the collection: `target` as the caller resolved it, else ensured here (created
+        when missing); `hooks`: the rest of `IndexRun` (a watcher's prune and checks)."""
+        target = target or self.service.ensure(self.collection, "images", self.index_factory)
+        return IndexRun(target, summary, stop, report, **hooks)
 
     async def run(
         self,
@@ -93,7 +113,10 @@ class ImageIndexer:
         dry_run: bool = False,
         stop: asyncio.Event | None = None,
         on_progress: ProgressCallback | None = None,
+        target: CollectionState | None = None,
     ) -> IndexSummary:
+        """Index `source` (a folder or manifest). `target`: the collection as the caller resolved it
+        (`cnclip index` does, before the model loads), so that it is not read again."""
         started = time.perf_counter()
         stop = stop or asyncio.Event()
         report = on_progress or (lambda _summary: None)
@@ -102,82 +125,57 @@ class ImageIndexer:
         if dry_run:
             await self._dry_run(entries, summary, stop, report, prune)
         else:
-            await self._real_run(entries, summary, stop, report, prune)
+            pruning = {"prune": self.prune_gone} if prune else {}
+            run = self.new_run(summary, stop, report, target=target, restore_deleted=self.restore_deleted, **pruning)
+            await self.index(entries, run)
         summary.interrupted = stop.is_set()
         summary.seconds = time.perf_counter() - started
         report(summary)
         return summary
 
-    async def _real_run(
-        self,
-        entries: list[SourceEntry],
-        summary: IndexSummary,
-        stop: asyncio.Event,
-        report: ProgressCallback,
-        prune: bool,
-    ) -> None:
-        self._target = self.service.ensure(self.collection, "images", self.index_factory)
-        if self.restore_deleted:
+    async def index(self, entries: list[SourceEntry], run: IndexRun) -> None:
+        """One run over `entries`: plan, moves by content, backfills, read → embed → commit, then the
+        copies found, the run's prune and the flush. The file states are read once for the plan and
+        the backfills (their rows are unchanged files: no move of the run touches them)."""
+        if run.restore_deleted:
             restored = self.service.forget_deletions(self.collection)
             log.info("%s: %d deleted items may be indexed again", self.collection, restored)
-        todo = self._plan(entries, self.service.file_states(self.collection), summary)
-        moves = (self.service, self.collection, todo, summary, self.read_threads, None, stop.is_set, self._apply_moves)
-        todo = await asyncio.to_thread(settle_moves, *moves, self._folder_moving)  # by content, before routing
-        report(summary)
-        if self.undated and not stop.is_set():
-            summary.dated = await asyncio.to_thread(self._date_unchanged, self.service.file_states(self.collection))
-        if self.unhashed and not stop.is_set():
-            summary.hashed = await asyncio.to_thread(self._hash_unchanged, self.service.file_states(self.collection))
-        await self._index(todo, summary, stop, report)
-        if self.copies:
-            await asyncio.to_thread(self.service.record_copies, self.collection, self.copies)
-        if prune and not stop.is_set():
-            summary.pruned = await asyncio.to_thread(self._prune)
-        if self.flush_at_end:  # a folder watcher's passes leave it to the store's own saves (indexer/watch/watcher.py)
+        states = self.service.file_states(self.collection)
+        todo, run.undated, run.unhashed = plan(entries, states, run.summary)
+        moves = (self.service, self.collection, todo, run.summary, self.read_threads, None, run.stop.is_set)
+        apply_moves = functools.partial(self._apply_moves, run)
+        todo = await asyncio.to_thread(settle_moves, *moves, apply_moves, run.folder_moving)  # by content, first
+        run.report(run.summary)
+        if run.undated and not run.stop.is_set():
+            run.summary.dated = await asyncio.to_thread(self._date_unchanged, run.undated, states)
+        if run.unhashed and not run.stop.is_set():
+            run.summary.hashed = await asyncio.to_thread(self._hash_unchanged, run.unhashed, states)
+        await self._index(run, todo)
+        run.summary.read_for_text += await self.ocr.fill_missing(run.target, run.stop)  # items without text yet
+        if run.copies:
+            await asyncio.to_thread(self.service.duplicates.record_copies, self.collection, run.copies)
+        if run.prune is not None and not run.stop.is_set():
+            run.summary.pruned = await asyncio.to_thread(run.prune, run)
+        if run.flush:
             await asyncio.to_thread(self.service.flush, self.collection)
 
-    def _plan(self, entries: list[SourceEntry], states: dict[str, FileState], summary: IndexSummary) -> Todo:
-        """Files that need reading: new ones and those whose size or mtime changed. A RAW beside a
-        rendered image of the same shot is counted, not read (indexer/bulk/raw_companions.py)."""
-        todo = []
-        companions = raw_companions(entries)
-        for entry in entries:
-            if entry.path in companions:
-                summary.raw_companions += 1
-                continue
-            state = states.get(str(entry.path))
-            try:
-                stat = entry.path.stat()
-            except OSError as exc:  # a walked file gone since the walk (renamed on): the prune decides
-                if entry.listed or not gone_error(exc):
-                    summary.failures.append((str(entry.path), f"cannot read: {exc.strerror or exc}"))
-                continue
-            if state is not None and unchanged(state, stat):
-                summary.unchanged += 1
-                if not state.has_taken:
-                    self.undated.append(entry)
-                if not state.has_phash:
-                    self.unhashed.append(entry)
-            else:
-                todo.append((entry, state))
-        return todo
-
-    def _date_unchanged(self, states: dict[str, FileState]) -> int:
+    def _date_unchanged(self, undated: list[SourceEntry], states: dict[str, FileState]) -> int:
         """The date backfill (indexer/bulk/backfills.py) for rows indexed before taken_at existed."""
         read = functools.partial(read_taken, max_bytes=self.service.max_image_bytes)
         store = functools.partial(self.service.set_taken, self.collection)
-        return backfill(self.undated, states, read, store, self.read_threads, "date")
+        return backfill(undated, states, read, store, self.read_threads, "date")
 
-    def _hash_unchanged(self, states: dict[str, FileState]) -> int:
+    def _hash_unchanged(self, unhashed: list[SourceEntry], states: dict[str, FileState]) -> int:
         """The perceptual-hash backfill, for rows indexed before perceptual hashes existed."""
         read = functools.partial(read_phash, max_bytes=self.service.max_image_bytes)
-        store = functools.partial(self.service.set_phashes, self.collection)
-        return backfill(self.unhashed, states, read, store, self.read_threads, "phash")
+        store = functools.partial(self.service.duplicates.set_phashes, self.collection)
+        return backfill(unhashed, states, read, store, self.read_threads, "phash")
 
-    def _prune(self) -> int:
+    def prune_gone(self, _run: IndexRun) -> int:
+        """`--prune`: the rows whose files are gone, read after the run's moves and replacements."""
         states = self.service.file_states(self.collection)
         gone = [state.id for path, state in states.items() if row_gone(path, state.root)]  # indexer/fs/presence.py
-        copies = self.service.prune_copies(self.collection)
+        copies = self.service.duplicates.prune_copies(self.collection)
         if copies:
             log.info("%s: forgot %d copies whose files are gone", self.collection, copies)
         return self.service.delete_items(gone, reason="pruned") if gone else 0
@@ -200,10 +198,10 @@ class ImageIndexer:
             )
         except NotFound:  # a collection a real run would create
             states, router = {}, FileRouter({}, set())
-        todo = self._plan(entries, states, summary)
+        todo, undated, _ = plan(entries, states, summary)
         moves = (self.service, self.collection, todo, summary, self.read_threads, router.contents, stop.is_set)
         todo = await asyncio.to_thread(settle_moves, *moves)
-        summary.would_date = len(self.undated)
+        summary.would_date = len(undated)
         report(summary)
         # What the encoder runs on every image it embeds (retrieval/encoder.py), with the same limits:
         # an image it would refuse is counted as failing, not as one to embed (and not again after
@@ -254,36 +252,37 @@ class ImageIndexer:
                 else:
                     yield result
 
-    async def _embed(self, batch: list[PreparedFile], summary: IndexSummary) -> tuple[list[PreparedFile], np.ndarray]:
+    async def _embed(self, run: IndexRun, batch: list[PreparedFile]) -> tuple[list[PreparedFile], np.ndarray]:
         """Vectors for a batch; when the encoder refuses one image, the others are embedded alone."""
+        encoder = self.encoder(run)
         try:
-            return batch, await self.encoder.embed_images([p.data for p in batch])
+            return batch, await encoder.embed_images([p.data for p in batch])
         except InvalidImage:
             good, vectors = [], []
             for prepared in batch:
                 try:
-                    vectors.append((await self.encoder.embed_images([prepared.data]))[0])
+                    vectors.append((await encoder.embed_images([prepared.data]))[0])
                     good.append(prepared)
                 except InvalidImage as exc:
-                    summary.failures.append((str(prepared.entry.path), exc.message))
-            return good, np.array(vectors, dtype=np.float32).reshape(len(good), self.encoder.dim)
+                    run.summary.failures.append((str(prepared.entry.path), exc.message))
+            return good, np.array(vectors, dtype=np.float32).reshape(len(good), encoder.dim)
 
-    async def _index(self, todo: Todo, summary: IndexSummary, stop: asyncio.Event, report: ProgressCallback) -> None:
+    async def _index(self, run: IndexRun, todo: Todo) -> None:
         """Reader → encoder → writer: a producer routes the read files into embedding batches and
         moves, the writer commits them in order. A failed batch stops everything; what was committed
         stays (a rerun resumes from there)."""
         router = FileRouter(
             self.service.content_index(self.collection),
             self.service.remembered_deletions(self.collection),
-            self.copies,
+            run.copies,
         )
         queue: asyncio.Queue[tuple[str, object] | None] = asyncio.Queue(maxsize=self.inflight)
         embeddings: set[Embedding] = set()  # in flight, not yet committed
-        producer = asyncio.create_task(self._produce(todo, router, queue, embeddings, summary, stop))
+        producer = asyncio.create_task(self._produce(run, todo, router, queue, embeddings))
         try:
             while (job := await queue.get()) is not None:
-                await self._write(job, embeddings, summary)
-                report(summary)
+                await self._write(run, job, embeddings)
+                run.report(run.summary)
         except BaseException:
             # A batch failed (e.g. the remote encoder is gone): stop reading and drop the batches in
             # flight. Everything committed so far stays; a rerun resumes from there.
@@ -295,15 +294,16 @@ class ImageIndexer:
 
     async def _produce(
         self,
+        run: IndexRun,
         todo: Todo,
         router: FileRouter,
         queue: asyncio.Queue[tuple[str, object] | None],
         embeddings: set[Embedding],
-        summary: IndexSummary,
-        stop: asyncio.Event,
     ) -> None:
+        summary, stop = run.summary, run.stop
+
         def embed(batch: list[PreparedFile]) -> Embedding:
-            task = asyncio.create_task(self._embed(batch, summary))
+            task = asyncio.create_task(self.ocr.beside(self._embed(run, batch), run.target, batch))
             embeddings.add(task)
             return task
 
@@ -330,26 +330,23 @@ class ImageIndexer:
             raise
         await queue.put(None)
 
-    async def _write(self, job: tuple[str, object], embeddings: set[Embedding], summary: IndexSummary) -> None:
+    async def _write(self, run: IndexRun, job: tuple[str, object], embeddings: set[Embedding]) -> None:
         kind, payload = job
         if kind == "move":
-            await asyncio.to_thread(self._apply_move, payload)  # type: ignore[arg-type]
+            await asyncio.to_thread(self._apply_move, run, payload)  # type: ignore[arg-type]
             return
         task: Embedding = payload  # type: ignore[assignment]
         good, vectors = await task
         embeddings.discard(task)
-        await asyncio.to_thread(self._commit, good, vectors, summary)
+        await asyncio.to_thread(self._commit, run, good, vectors)
 
-    def _apply_moves(self, moves: FileMoves) -> None:
-        """A pass's moves by content, in one transaction (indexer/bulk/moves.py)."""
-        self.service.move_files(self.collection, moves)
+    def _apply_moves(self, run: IndexRun, moves: FileMoves) -> None:
+        """A run's moves by content, in one transaction (indexer/bulk/moves.py)."""
+        run.before_write()
+        self.service.moves.move_files(self.collection, moves)
 
-    def _folder_moving(self) -> bool:
-        """Whether the folder changed while this run read it (a watcher knows: its hints); then no
-        item found nowhere is replaced by the run's moves (indexer/bulk/moves.py)."""
-        return False
-
-    def _apply_move(self, payload: MovePayload) -> None:
+    def _apply_move(self, run: IndexRun, payload: MovePayload) -> None:
+        run.before_write()
         updates, dates, deletes = payload
         if deletes:  # first: never two rows at one path, even if the process dies in between
             self.service.delete_items(deletes, reason="replaced")
@@ -358,31 +355,16 @@ class ImageIndexer:
         if dates:
             self.service.set_taken(self.collection, dates)
 
-    def _commit(self, batch: list[PreparedFile], vectors: np.ndarray, summary: IndexSummary) -> None:
+    def _commit(self, run: IndexRun, batch: list[PreparedFile], vectors: np.ndarray) -> None:
+        run.before_write()
         if not batch:
             return
-        images = [
-            NewImage(
-                data=p.data,
-                path=str(p.entry.path),
-                root=str(p.entry.root) if p.entry.root is not None else None,
-                caption=p.entry.caption,
-                tags=list(p.entry.tags),
-                extra=dict(p.entry.extra),
-                mtime=p.mtime,
-                mime=p.mime,
-                width=p.width,
-                height=p.height,
-                sha256=p.sha256,
-                taken_at=p.taken[0],
-                taken_source=p.taken[1],
-                phash=p.phash,
-            )
-            for p in batch
-        ]
+        summary = run.summary
+        images = [prepared.new_image() for prepared in batch]
         replaces = [p.replaces for p in batch]
-        key = self._target.vector_key if self._target is not None else None
-        results = self.service.add_images(self.collection, images, vectors, replace=replaces, vector_key=key)
+        key = run.target.vector_key
+        results = self.service.writes.add_images(self.collection, images, vectors, replace=replaces, vector_key=key)
+        run.summary.read_for_text += self.ocr.store(run.target, batch, results)
         summary.embedded += len(batch)
         # Another indexer may have committed the same bytes meanwhile: then it is a duplicate here;
         # a user may have deleted them meanwhile: then they stay deleted.

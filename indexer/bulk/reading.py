@@ -10,9 +10,9 @@ from dataclasses import dataclass
 
 from indexer.bulk.sources import SourceEntry, looks_like_image
 from indexer.domain.perceptual import phash_of_bytes
-from indexer.domain.records import FileState
+from indexer.domain.records import FileState, NewImage
+from indexer.domain.taken import Taken, taken_from, taken_of
 from indexer.fs.safe_open import FileRefused, open_inside
-from indexer.storage.sql.taken import Taken, taken_from, taken_of
 from retrieval.errors import InvalidImage
 from retrieval.preprocess import DEFAULT_MAX_BYTES, read_header
 
@@ -35,6 +35,26 @@ class PreparedFile:
     taken: Taken
     decode_error: str | None = None  # (the dry run) why the encoder would refuse the pixels
     phash: int | None = None  # perceptual hash, taken when `needs_hash` said so
+
+    def new_image(self) -> NewImage:
+        """The image to add, with everything the reader learnt (the service reads nothing again)."""
+        entry = self.entry
+        return NewImage(
+            data=self.data,
+            path=str(entry.path),
+            root=str(entry.root) if entry.root is not None else None,
+            caption=entry.caption,
+            tags=list(entry.tags),
+            extra=dict(entry.extra),
+            mtime=self.mtime,
+            mime=self.mime,
+            width=self.width,
+            height=self.height,
+            sha256=self.sha256,
+            taken_at=self.taken[0],
+            taken_source=self.taken[1],
+            phash=self.phash,
+        )
 
 
 class TooLarge(Exception):

@@ -9,10 +9,10 @@ from datetime import datetime
 from typing import Literal
 
 from indexer.bulk.reading import PreparedFile
+from indexer.domain.duplicates import FileCopy
 from indexer.domain.index_summary import IndexSummary
 from indexer.domain.records import TakenSource
 from indexer.fs.presence import file_gone
-from indexer.storage.sql.duplicate_rows import FileCopy
 
 # (path updates (id, path, size, mtime), date updates (id, taken_at, source), ids to delete)
 MovePayload = tuple[list[tuple[int, str, int, float]], list[tuple[int, datetime, TakenSource]], list[int]]

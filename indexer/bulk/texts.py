@@ -69,7 +69,7 @@ async def index_texts(
     added = 0
     for start in range(0, len(fresh), batch_size):
         batch = fresh[start : start + batch_size]
-        results = await service.add_text_items(collection, batch)
+        results = await service.writes.add_text_items(collection, batch)
         added += sum(r.created for r in results)
         if on_progress:
             on_progress(len(batch), added)

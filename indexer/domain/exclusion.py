@@ -24,11 +24,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 import numpy as np
 
 from indexer.domain.paging import PageRequest, rank
-from indexer.domain.records import Catalog, CollectionState, Hit
+from indexer.domain.records import CollectionState, Hit
 from indexer.domain.values import text_problem
 from indexer.errors import GenerationMoved
 from retrieval.errors import InvalidInput
@@ -116,7 +117,13 @@ def push_away(hits: Sequence[Hit], vectors: np.ndarray, exclusion: Exclusion) ->
     return [Hit(hits[i].id, max(-1.0, float(penalised[i]))) for i in order]
 
 
-def rescored(catalog: Catalog, target: CollectionState, hits: Sequence[Hit], away: Exclusion) -> list[Hit]:
+class StoredVectors(Protocol):
+    """Where the candidates' stored vectors come from (the catalog's `ItemStore`, indexer/service/ports.py)."""
+
+    def vectors_for(self, collection: str, ids: Sequence[int], vector_key: str) -> np.ndarray: ...
+
+
+def rescored(catalog: StoredVectors, target: CollectionState, hits: Sequence[Hit], away: Exclusion) -> list[Hit]:
     """`push_away` with the candidates' stored vectors of the generation that answered the search
     (`GenerationMoved` when the excluded texts were embedded for another: a swap meanwhile)."""
     if away.vector_key != target.vector_key:
@@ -125,7 +132,12 @@ def rescored(catalog: Catalog, target: CollectionState, hits: Sequence[Hit], awa
 
 
 def pushed_away(
-    catalog: Catalog, target: CollectionState, hits: list[Hit], pool: int, page: PageRequest, away: Exclusion | None
+    catalog: StoredVectors,
+    target: CollectionState,
+    hits: list[Hit],
+    pool: int,
+    page: PageRequest,
+    away: Exclusion | None,
 ) -> tuple[list[Hit], bool]:
     """(the candidates, re-scored when there are excluded texts; whether the page's `total` is exact). Exactness is
     judged by the cosines: a penalty only lowers a score, so no item past the pool can pass a cutoff its cosine fails."""

@@ -32,6 +32,7 @@ class IndexSummary:
     interrupted: bool = False
     seconds: float = 0.0
     embedded: int = 0  # images that went through the encoder (for items/s)
+    read_for_text: int = 0  # images read for text in a collection with OCR (docs/ocr.md)
 
     @property
     def skipped(self) -> int:

@@ -3,7 +3,7 @@
 Made from bytes the collection service verified (`CollectionService.media`: the indexed bytes, by
 sha256), decoded by the one decoder (retrieval/preprocess.py: a HEIC's primary image, a RAW's preview
 or demosaic, EXIF orientation), on each request: no file is written. Thumbnails are JPEG already
-(indexer/storage/media/thumbnails.py); the original bytes stay at `/image`, to download.
+(indexer/service/thumbnails.py); the original bytes stay at `/image`, to download.
 """
 
 from __future__ import annotations

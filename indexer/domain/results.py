@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from indexer.domain.paging import PageRequest
 from indexer.domain.records import CollectionInfo, CollectionState, ItemRecord
+from indexer.domain.text_query import MatchedSpan, SearchMode
 
 StageMark = Callable[[str], None]  # called with a stage's name when it ends (the API's per-stage timings)
 
@@ -16,6 +17,7 @@ StageMark = Callable[[str], None]  # called with a stage's name when it ends (th
 class Found:
     score: float
     item: ItemRecord
+    match: MatchedSpan | None = None  # where the query is in the item's recognised text (issue 32)
 
 
 @dataclass(frozen=True)
@@ -29,6 +31,7 @@ class SearchPage:
     total_exact: bool  # False: more pass than the candidate pool holds (`total` is a lower bound)
     has_more: bool
     below_cutoff: int  # how many candidates fell below min_score
+    mode: SearchMode = "clip"  # how a text query was answered (indexer/service/text_search.py)
 
 
 @dataclass(frozen=True)

@@ -36,7 +36,7 @@ def text_problem(text: str) -> str | None:
 def as_utc(moment: datetime) -> datetime | None:
     """`moment` normalised to aware UTC (a naive one is UTC already); None when that leaves the calendar
     (years 1 to 9999): an offset pushes `0001-01-01T00:00:30+23:59` out of it. The one datetime rule:
-    the API refuses such a value (api/values.py), a file's EXIF date is then no date (indexer/storage/sql/taken.py)."""
+    the API refuses such a value (api/values.py), a file's EXIF date is then no date (indexer/domain/taken.py)."""
     if moment.tzinfo is None or moment.utcoffset() is None:
         return moment.replace(tzinfo=UTC)
     try:

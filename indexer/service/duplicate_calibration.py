@@ -33,25 +33,22 @@ override it.
 from __future__ import annotations
 
 import io
-import json
-from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, replace
 from datetime import UTC, datetime
 
 import numpy as np
 from PIL import Image
-from sqlalchemy import Engine, delete, func, select
-from sqlalchemy.orm import Session
 
 from indexer.domain.duplicate_pages import MIN_THRESHOLD
+from indexer.domain.duplicates import CALIBRATION_VERSION, Calibration
 from indexer.domain.perceptual import HAMMING_THRESHOLD, hamming
 from indexer.domain.records import CollectionState
-from indexer.storage.sql.lock_order import writer_slot
-from indexer.storage.sql.models import DuplicateCalibrationRow, ItemRow
+from indexer.service.ports import DuplicateStore
 from retrieval.errors import InvalidImage
 from retrieval.preprocess import DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS, decode_image
 
-VERSION = 1
+VERSION = CALIBRATION_VERSION
 SAMPLE = 48  # items measured (the cost: SAMPLE × (1 + edits) images embedded once per calibration)
 SEED = 20_261_205
 EDITS = ("crop90", "brighter", "darker", "shift", "jpeg70")
@@ -63,29 +60,6 @@ GROWTH = 1.5
 EDIT_SIDE = 640  # px: the longer side edits are made at (the model sees 224 px)
 CHUNK = 4096  # stored vectors compared per step for the nearest other item
 BURST_S = 120.0  # seconds: EXIF dates this close are one scene, never a "different photo"
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """One measurement (stored as JSON in `duplicate_calibrations.details`)."""
-
-    model: str
-    generation: int
-    item_count: int
-    sampled: int  # items measured
-    same_shot_low: float | None  # POSITIVE_QUANTILE of edit scores
-    different_photo_high: float | None  # NEGATIVE_QUANTILE of nearest-other scores
-    threshold: float | None  # None: not calibrated (off on "overlap", the model's default on "too_few")
-    resized_gate: float | None  # the cosine a resized pair must reach (None: the threshold)
-    reason: str  # why this threshold, or why the tier is off
-    reason_code: str  # calibrated | overlap | too_few
-    computed_at: str
-    version: int = VERSION
-
-    @property
-    def enabled(self) -> bool:
-        """False: the model cannot separate shots from photos here (the similar tier is off)."""
-        return self.reason_code != "overlap"
 
 
 def edits_of(image: Image.Image) -> list[bytes]:
@@ -201,6 +175,23 @@ def decide(
     )
 
 
+def finish(state: CollectionState, measured: Sequence[tuple[int, np.ndarray]], store: DuplicateStore) -> Calibration:
+    """Score (item id, vectors of its edits) against the stored vectors, find each sampled item's
+    nearest other item, decide, and store the calibration with the collection."""
+    all_ids = store.item_ids(state.id)
+    present = set(all_ids.tolist())
+    ids = np.array([item_id for item_id, _ in measured if item_id in present], dtype=np.int64)
+    edits = {item_id: vectors for item_id, vectors in measured}
+    stored = store.vectors(ids) if len(ids) else np.empty((0, state.dim), np.float32)
+    positives = np.concatenate([edits[int(i)] @ stored[row] for row, i in enumerate(ids)]) if len(ids) else np.empty(0)
+    hashed, hashes = store.hashed_items(state.id)
+    by_id = dict(zip(hashed.tolist(), hashes.tolist(), strict=True))
+    negatives = nearest_other(ids, stored, all_ids, store.vectors, by_id, store.exif_times(state.id))
+    result = decide(state, len(all_ids), positives, negatives, len(ids))
+    store.save_calibration(state.id, result)
+    return result
+
+
 def _q(values: np.ndarray, q: float) -> float | None:
     return round(float(np.quantile(values, q)), 4) if len(values) else None
 
@@ -210,37 +201,6 @@ def decode_for_edits(data: bytes) -> Image.Image | None:
         return decode_image(data, DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS, draft=2 * EDIT_SIDE)
     except InvalidImage:
         return None
-
-
-# --- storage ----------------------------------------------------------------------------------------
-def load(engine: Engine, collection_id: int) -> Calibration | None:
-    """The stored calibration of a collection, or None (none yet, or unreadable: measured again)."""
-    with Session(engine) as session:
-        row = session.get(DuplicateCalibrationRow, collection_id)
-        if row is None:
-            return None
-        try:
-            return Calibration(**json.loads(row.details))
-        except (TypeError, ValueError):
-            return None
-
-
-def save(engine: Engine, collection_id: int, calibration: Calibration) -> None:
-    """Replace the collection's calibration (a write: a writer slot first, indexer/storage/sql/lock_order.py)."""
-    with writer_slot(engine), Session(engine) as session:
-        session.execute(delete(DuplicateCalibrationRow).where(DuplicateCalibrationRow.collection_id == collection_id))
-        session.add(
-            DuplicateCalibrationRow(
-                collection_id=collection_id,
-                model=calibration.model,
-                generation=calibration.generation,
-                item_count=calibration.item_count,
-                threshold=calibration.threshold,
-                details=json.dumps(asdict(calibration)),
-                computed_at=datetime.now(UTC).replace(tzinfo=None),
-            )
-        )
-        session.commit()
 
 
 def stale_reason(stored: Calibration | None, state: CollectionState, item_count: int) -> str | None:
@@ -256,20 +216,6 @@ def stale_reason(stored: Calibration | None, state: CollectionState, item_count:
     if item_count * GROWTH <= stored.item_count:
         return f"the collection shrank from {stored.item_count} to {item_count} items"
     return None
-
-
-def exif_times(engine: Engine, collection_id: int) -> dict[int, float]:
-    """Item id -> EXIF date taken (epoch seconds, naive UTC as stored), for items that have one."""
-    query = select(ItemRow.id, ItemRow.taken_at).where(
-        ItemRow.collection_id == collection_id, ItemRow.taken_source == "exif", ItemRow.taken_at.is_not(None)
-    )
-    with Session(engine) as session:
-        return {int(i): t.replace(tzinfo=UTC).timestamp() for i, t in session.execute(query) if t is not None}
-
-
-def count_items(engine: Engine, collection_id: int) -> int:
-    with Session(engine) as session:
-        return int(session.scalar(select(func.count()).where(ItemRow.collection_id == collection_id)) or 0)
 
 
 def summary(calibration: Calibration | None) -> dict[str, object] | None:

@@ -32,88 +32,32 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import partial
-from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
 from indexer.domain.duplicate_pages import TIERS, Tier, TierChoice, check_page
+from indexer.domain.duplicates import (
+    Calibration,
+    DuplicateGroup,
+    DuplicateMember,
+    DuplicatesPage,
+    FileCopy,
+    ThresholdSource,
+)
 from indexer.domain.grouping import complete_linkage, group_order, keeper_order
 from indexer.domain.near_vectors import NEIGHBOURS, ShotSearch
 from indexer.domain.perceptual import HAMMING_THRESHOLD, hamming, near_pairs
-from indexer.domain.records import CollectionState, ItemRecord, TakenSource
+from indexer.domain.records import CollectionState, ItemRecord
 from indexer.errors import MediaChanged
-from indexer.service import duplicate_calibration
-from indexer.service.duplicate_calibration import Calibration
-from indexer.service.keeper import (
-    SAME_BYTES,
-    KeeperReason,
-    PictureQuality,
-    choose_keeper,
-    picture_quality,
-    recorded_quality,
-)
-from indexer.storage.sql import duplicate_rows
+from indexer.service.keeper import PictureQuality, choose_keeper, picture_quality, recorded_quality
+from indexer.service.ports import DuplicateStore, ItemLibrary
 from retrieval.errors import NotFound, Overloaded
 from retrieval.relevance import duplicate_threshold
-
-if TYPE_CHECKING:
-    from indexer.storage.catalog import SqlCatalog
 
 MAX_GROUP_SIZE = NEIGHBOURS // 2  # members, the keeper included (copies of one file are not capped)
 CACHE_SIZE = 4
 QUALITY_CACHE = 4096  # members' measured qualities kept (by id and sha256)
-ThresholdSource = Literal["calibrated", "off", "measured", "unmeasured", "setting", "request", "raised"]
 LOCK_WAIT_S = 30.0
-
-
-@dataclass(frozen=True)
-class DuplicateMember:
-    """One picture of a group: an item, or (tier `identical`) another file with its bytes."""
-
-    item: ItemRecord
-    path: str | None  # this member's file: the item's, or the copy's
-    root: str | None  # the folder `path` was indexed from
-    size: int | None
-    taken_at: datetime | None
-    taken_source: TakenSource | None
-    keeper: bool
-    score: float  # cosine of its vector with the keeper's (1.0 for the same bytes)
-    hamming: int | None  # perceptual-hash bits apart from the keeper's (None when either has no hash)
-    copy: bool = False  # another file with the item's bytes: not an item of its own
-
-
-@dataclass(frozen=True)
-class DuplicateGroup:
-    tier: Tier
-    members: list[DuplicateMember]  # the suggested keeper first
-    keeper_reason: KeeperReason = SAME_BYTES  # why the first member is suggested (indexer/service/keeper.py)
-
-
-@dataclass(frozen=True)
-class DuplicatesPage:
-    collection: str
-    tier: TierChoice
-    groups: list[DuplicateGroup]
-    offset: int
-    limit: int
-    total: int  # groups of the chosen tier(s), so far when not complete
-    counts: dict[Tier, int]
-    complete: bool  # False: the similar-shots search stopped at its time budget; ask again to go on
-    examined: int  # items whose similar shots were searched
-    searchable: int  # items the similar-shots search covers (a resized group counts once)
-    unhashed: int  # images without a perceptual hash yet (`cnclip index` of their folder adds it)
-    threshold: float | None  # cosine where similar shots start (raised when the pairs would outgrow memory);
-    # None: the similar tier is off (the calibration found the model cannot separate shots from photos here)
-    threshold_source: ThresholdSource
-    hamming_threshold: int
-    max_group_size: int
-    calibration: Calibration | None = None  # the stored measurement (indexer/service/duplicate_calibration.py)
-    similar_note: str | None = None  # why the similar tier is off, or why its threshold is not calibrated
-    resized_gate: float | None = None  # the cosine a resized pair must reach
-
-    @property
-    def has_more(self) -> bool:
-        return self.offset + self.limit < self.total
 
 
 @dataclass
@@ -140,10 +84,12 @@ class _Snapshot:
 
 
 class DuplicateFinder:
-    """Near-duplicate groups over a catalog (thread-safe; the collection service holds one)."""
+    """Near-duplicate groups of a library's collections, from what `store` keeps of them (thread-safe;
+    the collection service's duplicate use cases hold one)."""
 
-    def __init__(self, catalog: SqlCatalog) -> None:
-        self.catalog = catalog
+    def __init__(self, library: ItemLibrary, store: DuplicateStore) -> None:
+        self.library = library
+        self.store = store
         self._lock = threading.Lock()
         self._cache: OrderedDict[tuple[int, float | None, float], _Snapshot] = OrderedDict()
         self._qualities: OrderedDict[tuple[int, str | None, bool], PictureQuality] = OrderedDict()
@@ -171,12 +117,12 @@ class DuplicateFinder:
             raise Overloaded("another duplicate search is running; retry in a moment", retry_after=5.0)
         try:
             deadline = None if budget_s is None else time.monotonic() + budget_s
-            snapshot = self._snapshot(self.catalog.collection(state.name), value, gate)
+            snapshot = self._snapshot(self.library.collection(state.name), value, gate)
             for other in self._cache.values():
                 if other is not snapshot:
                     other.shots.release()  # one index in memory at a time
             snapshot.shots.run(deadline)
-            copies = duplicate_rows.copies_by_item(self.catalog.engine, state.id)
+            copies = self.store.copies_by_item(state.id)
             tiers: dict[Tier, list[list[int]]] = {
                 "identical": [[item_id] for item_id, _ in sorted(copies.items(), key=lambda c: (-len(c[1]), c[0]))],
                 "resized": sorted(snapshot.resized_groups(), key=group_order),
@@ -200,7 +146,7 @@ class DuplicateFinder:
             complete=complete,
             examined=examined,
             searchable=searchable,
-            unhashed=duplicate_rows.unhashed_count(self.catalog.engine, state.id),
+            unhashed=self.store.unhashed_count(state.id),
             threshold=None if used is None else round(used, 6),
             threshold_source="raised" if used is not None and value is not None and used > value else source,
             hamming_threshold=HAMMING_THRESHOLD,
@@ -212,7 +158,7 @@ class DuplicateFinder:
 
     def _calibration(self, state: CollectionState) -> Calibration | None:
         """The stored calibration when it was measured with the collection's current model."""
-        stored = duplicate_calibration.load(self.catalog.engine, state.id)
+        stored = self.store.calibration(state.id)
         if stored is not None and (stored.model, stored.generation) != (state.model, state.generation):
             return None  # measured with another model: not this one's threshold
         return stored
@@ -249,18 +195,18 @@ class DuplicateFinder:
             self._cache.move_to_end(key)
             if snapshot.version == state.version:
                 return snapshot
-            added, deleted = self.catalog.rows.changes(state.id, snapshot.version, state.version)
+            added, deleted = self.store.changes(state.id, snapshot.version, state.version)
             if len(added) == 0:  # deletions only: the same groups, less the deleted members
                 snapshot.removed.update(int(i) for i in deleted)
                 snapshot.version = state.version
                 return snapshot
         resized = self._resized(state.id, gate)
         others = {i for group in resized for i in group[1:]}  # a resized group is searched through its keeper
-        ids = np.array([i for i in self.catalog.rows.ids(state.id).tolist() if i not in others], dtype=np.int64)
+        ids = np.array([i for i in self.store.item_ids(state.id).tolist() if i not in others], dtype=np.int64)
         if threshold is None:  # the similar tier is off: nothing to search
             ids, threshold = ids[:0], 1.0
         snapshot = _Snapshot(
-            state.vector_key, state.version, resized, ShotSearch(ids, self.catalog.rows.vectors, threshold, state.dim)
+            state.vector_key, state.version, resized, ShotSearch(ids, self.store.vectors, threshold, state.dim)
         )
         self._cache[key] = snapshot
         while len(self._cache) > CACHE_SIZE:
@@ -269,13 +215,13 @@ class DuplicateFinder:
 
     def _resized(self, collection_id: int, threshold: float) -> list[list[int]]:
         """Cliques of items with near hashes and vectors above the threshold, keeper first."""
-        ids, hashes = duplicate_rows.hashed_items(self.catalog.engine, collection_id)
+        ids, hashes = self.store.hashed_items(collection_id)
         positions, bits = near_pairs(hashes, HAMMING_THRESHOLD, bundle_cap=MAX_GROUP_SIZE)
         if len(positions) == 0:
             return []
         left, right = ids[positions[:, 0]], ids[positions[:, 1]]
         involved = np.unique(np.concatenate([left, right]))
-        vectors = self.catalog.rows.vectors(involved)
+        vectors = self.store.vectors(involved)
         cosines = np.sum(vectors[np.searchsorted(involved, left)] * vectors[np.searchsorted(involved, right)], axis=1)
         # Nearer hashes first, then nearer vectors: the strength complete linkage merges by.
         pairs = {
@@ -284,20 +230,20 @@ class DuplicateFinder:
             if c >= threshold
         }
         groups = complete_linkage(pairs, MAX_GROUP_SIZE)
-        records = {r.id: r for r in self.catalog.get_many([i for g in groups for i in g])}
+        records = {r.id: r for r in self.library.get_many([i for g in groups for i in g])}
         return [sorted((i for i in g if i in records), key=lambda i: keeper_order(records[i])) for g in groups]
 
     # --- one page ---------------------------------------------------------------------------------
     def _groups(
-        self, page: Sequence[tuple[Tier, list[int]]], copies: dict[int, list[duplicate_rows.FileCopy]]
+        self, page: Sequence[tuple[Tier, list[int]]], copies: dict[int, list[FileCopy]]
     ) -> list[DuplicateGroup]:
         """The page's groups with their members' records, keeper and scores, read now: a member
         deleted meanwhile is left out (and a group left with one member)."""
         ids = sorted({i for _, group in page for i in group})
-        records = {r.id: r for r in self.catalog.get_many(ids)}
+        records = {r.id: r for r in self.library.get_many(ids)}
         present = np.array([i for i in ids if i in records], dtype=np.int64)
-        vectors = dict(zip(present.tolist(), self.catalog.rows.vectors(present), strict=True))
-        hashes = duplicate_rows.phashes_of(self.catalog.engine, present.tolist())
+        vectors = dict(zip(present.tolist(), self.store.vectors(present), strict=True))
+        hashes = self.store.phashes_of(present.tolist())
         groups: list[DuplicateGroup] = []
         for tier, group in page:
             if tier == "identical":
@@ -330,7 +276,7 @@ class DuplicateFinder:
                 self._qualities.move_to_end(key)
                 return found
         try:
-            data = self.catalog.read_media(item)
+            data = self.library.read_media(item)
         except (NotFound, MediaChanged, OSError):
             return recorded_quality(item)
         found = picture_quality(data, item, detail=detail)
@@ -353,7 +299,7 @@ def _member(
     )
 
 
-def _identical_group(item: ItemRecord, copies: list[duplicate_rows.FileCopy]) -> DuplicateGroup:
+def _identical_group(item: ItemRecord, copies: list[FileCopy]) -> DuplicateGroup:
     """The item (its keeper: copies are files, not items) and the other files with its bytes."""
     members = [DuplicateMember(item, item.path, item.root, item.size, item.taken_at, item.taken_source, True, 1.0, 0)]
     for copy in copies:

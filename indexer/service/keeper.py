@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
+from indexer.domain.duplicates import KeeperReason
 from indexer.domain.records import ItemRecord
 from retrieval.errors import InvalidImage
 from retrieval.preprocess import DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS, decode_image
@@ -80,17 +81,6 @@ class PictureQuality:
     def detail(self) -> float:
         """Real resolution: the longer side over the upscale factor (px; 0 when unknown)."""
         return self.longer_side / self.upscale if self.upscale else 0.0
-
-
-@dataclass(frozen=True)
-class KeeperReason:
-    code: (
-        str  # more_detail | not_upscaled | lossless | higher_quality | more_metadata | more_bytes | oldest | same_bytes
-    )
-    text: str
-
-
-SAME_BYTES = KeeperReason("same_bytes", "the same bytes at every path: the item itself is kept")
 
 
 def jpeg_quality(tables: dict[int, Sequence[int]] | None) -> int | None:

@@ -24,10 +24,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from indexer.domain.records import Catalog, CollectionState, ItemRecord
+from indexer.domain.generations import Generation, MigrationStatus
+from indexer.domain.records import CollectionState, ItemRecord
 from indexer.errors import MediaChanged, MigrationRefused
-from indexer.service.use_cases import off_loop
-from indexer.storage.sql.generations import Generation, MigrationStatus
+from indexer.service.blocking import off_loop
+from indexer.service.ports import GenerationStore, ItemLibrary
 from retrieval.errors import CnclipError, NotFound
 from retrieval.types import Encoder
 
@@ -82,20 +83,22 @@ class MigrationJob:
 
     def __init__(
         self,
-        catalog: Catalog,
+        library: ItemLibrary,
+        generations: GenerationStore,
         delete: Callable[[list[int]], int],
         encoder: Encoder,
         name: str,
         options: MigrateOptions,
         on_progress: MigrationProgress | None = None,
     ) -> None:
-        self.catalog, self.delete, self.encoder, self.name = catalog, delete, encoder, name
+        self.library, self.generations = library, generations
+        self.delete, self.encoder, self.name = delete, encoder, name
         self.options, self.on_progress = options, on_progress
         self.embedded = self.pruned = 0
 
     async def run(self) -> MigrateReport:
         started = time.perf_counter()
-        generation = await off_loop(self.catalog.begin_shadow, self.name, self.encoder.model_id, self.encoder.dim)
+        generation = await off_loop(self.generations.begin_shadow, self.name, self.encoder.model_id, self.encoder.dim)
         try:
             return await self._run(generation, started)
         except (Exception, asyncio.CancelledError):
@@ -106,9 +109,9 @@ class MigrationJob:
         """A run that fails before the shadow holds a single vector removes it: left behind, an empty
         shadow would refuse every later migration to another model ("is migrating to … already")."""
         try:
-            shadow = (await off_loop(self.catalog.generation_status, self.name)).shadow
+            shadow = (await off_loop(self.generations.status, self.name)).shadow
             if shadow is not None and shadow.id == generation.id and shadow.vectors == 0:
-                await off_loop(self.catalog.drop_generation, self.name, "shadow")
+                await off_loop(self.generations.drop, self.name, "shadow")
                 log.info(
                     "migration of %s to %s failed before its first vector: its shadow is removed",
                     self.name,
@@ -126,20 +129,20 @@ class MigrationJob:
             probe = await self.probe(generation)
             if not probe.passed:
                 raise MigrationRefused(f"the probe of {self.encoder.model_id} failed, nothing swapped: {probe.problem}")
-            prepared = await off_loop(self.catalog.prepare_generation, self.name, generation)
+            prepared = await off_loop(self.generations.prepare, self.name, generation)
             try:
-                await off_loop(self.catalog.swap_generation, self.name, "shadow")
+                await off_loop(self.generations.swap, self.name, "shadow")
                 swapped = True
                 break
             except MigrationRefused:  # items arrived between the fill and the swap: catch them up
                 continue
-        status = await off_loop(self.catalog.generation_status, self.name)
+        status = await off_loop(self.generations.status, self.name)
         seconds = time.perf_counter() - started
         return MigrateReport(status, self.embedded, self.pruned, seconds, swapped, prepared, probe)
 
     async def _still_shadow(self, generation: Generation) -> bool:
         """Whether `generation` is still the collection's shadow (another run may have swapped it in)."""
-        shadow = (await off_loop(self.catalog.generation_status, self.name)).shadow
+        shadow = (await off_loop(self.generations.status, self.name)).shadow
         return shadow is not None and shadow.id == generation.id
 
     async def _fill(self, generation: Generation) -> None:
@@ -150,7 +153,7 @@ class MigrationJob:
         after, progressed = 0, False
         progress = _Progress(self, generation)
         while True:
-            found = await off_loop(self.catalog.shadow_missing, self.name, generation, self.options.batch, after)
+            found = await off_loop(self.generations.shadow_missing, self.name, generation, self.options.batch, after)
             if not found:
                 if after == 0 or not progressed:
                     break
@@ -165,7 +168,7 @@ class MigrationJob:
             kept, vectors = await self._embed(ids, unreadable)
             if kept:
                 try:
-                    stored = await off_loop(self.catalog.put_shadow, generation, kept, vectors)
+                    stored = await off_loop(self.generations.put_shadow, generation, kept, vectors)
                 except MigrationRefused:
                     if await self._still_shadow(generation):
                         raise
@@ -191,11 +194,11 @@ class MigrationJob:
 
     async def _embed(self, ids: list[int], unreadable: set[int]) -> tuple[list[int], np.ndarray]:
         """The new model's vectors of the readable items among `ids` (the others join `unreadable`)."""
-        records = await off_loop(self.catalog.get_many, ids)
+        records = await off_loop(self.library.get_many, ids)
         if records and records[0].kind == "texts":
             texts = [(r.id, r.caption or "") for r in records]
             return [i for i, _ in texts], await self.encoder.embed_texts([t for _, t in texts])
-        images = await off_loop(_read_all, self.catalog, records)
+        images = await off_loop(_read_all, self.library, records)
         unreadable.update(r.id for r in records if r.id not in images)
         kept = [r.id for r in records if r.id in images]
         if not kept:
@@ -205,21 +208,21 @@ class MigrationJob:
     async def probe(self, generation: Generation) -> ProbeResult:
         """The sanity probe before a swap (see the module docstring)."""
         assert generation.id is not None
-        covered = await off_loop(_covered, self.catalog, self.name, generation)
+        covered = await off_loop(self.generations.covered_ids, generation)
         if len(covered) == 0:
             return ProbeResult(0, 0, 1.0, -1)
         picks = covered[np.linspace(0, len(covered) - 1, min(self.options.probe_sample, len(covered))).astype(int)]
-        stored = await off_loop(self.catalog.generation_vectors, generation, [int(i) for i in picks])
+        stored = await off_loop(self.generations.vectors_of, generation, [int(i) for i in picks])
         kept, fresh = await self._embed([int(i) for i in picks], set())
         rows = {int(i): n for n, i in enumerate(picks)}
         agreement = min((float(stored[rows[i]] @ v) for i, v in zip(kept, fresh, strict=True)), default=1.0)
-        near = await off_loop(_nearest, self.catalog, generation, covered, stored)
+        near = await off_loop(_nearest, self.generations, generation, covered, stored)
         found = sum(int(picks[n]) in near[n] for n in range(len(picks)))
         text_hits = -1
-        state: CollectionState = await off_loop(self.catalog.collection, self.name)
+        state: CollectionState = await off_loop(self.library.collection, self.name)
         if state.kind == "images":
             query = (await self.encoder.embed_texts([PROBE_TEXT]))[0]
-            scores = (await off_loop(_nearest, self.catalog, generation, covered, query[None, :], True))[0]
+            scores = (await off_loop(_nearest, self.generations, generation, covered, query[None, :], True))[0]
             text_hits = len(scores)
         problem = None
         if agreement < PROBE_AGREEMENT:
@@ -248,7 +251,7 @@ class _Progress:
         if self.job.on_progress is None:
             return
         if self.batches % self.REFRESH_EVERY == 0:
-            status = await off_loop(self.job.catalog.generation_status, self.job.name)
+            status = await off_loop(self.job.generations.status, self.job.name)
             self.covered = status.shadow.vectors if status.shadow is not None else 0
             self.items = status.items
         else:
@@ -257,29 +260,29 @@ class _Progress:
         self.job.on_progress(self.covered, self.items)
 
 
-def _read_all(catalog: Catalog, records: list[ItemRecord]) -> dict[int, bytes]:
+def _read_all(library: ItemLibrary, records: list[ItemRecord]) -> dict[int, bytes]:
     found: dict[int, bytes] = {}
     for record in records:
         try:
-            found[record.id] = catalog.read_media(record)
+            found[record.id] = library.read_media(record)
         except (NotFound, MediaChanged, OSError):
             continue
     return found
 
 
-def _covered(catalog: Catalog, name: str, generation: Generation) -> np.ndarray:
-    return catalog.generation_ids(generation)
-
-
 def _nearest(
-    catalog: Catalog, generation: Generation, covered: np.ndarray, queries: np.ndarray, scores: bool = False
+    generations: GenerationStore,
+    generation: Generation,
+    covered: np.ndarray,
+    queries: np.ndarray,
+    scores: bool = False,
 ) -> list[list[int]]:
     """Exact top-PROBE_K ids (or, with `scores`, their finite scores) of each query among the shadow's vectors."""
     best = [np.full(0, -np.inf)] * len(queries)
     best_ids = [np.zeros(0, dtype=np.int64)] * len(queries)
     for start in range(0, len(covered), 20_000):
         part = covered[start : start + 20_000]
-        matrix = catalog.generation_vectors(generation, [int(i) for i in part])
+        matrix = generations.vectors_of(generation, [int(i) for i in part])
         sims = queries @ matrix.T
         for n in range(len(queries)):
             merged = np.concatenate([best[n], sims[n]])

@@ -30,8 +30,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
+from retrieval.config import RuntimeSettings
 from retrieval.encoder import create_encoder
 from retrieval.errors import CnclipError, ModelError
 from retrieval.manifest import same_model
@@ -57,7 +58,7 @@ class ModelLoader:
 
     def __init__(
         self,
-        settings: Any,
+        settings: RuntimeSettings,
         source: Callable[[str], str | None],
         on_ready: Callable[[Encoder], None],
         observer: EncoderObserver | None = None,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import threading
 from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
@@ -40,6 +39,7 @@ from indexer.domain.records import (
     TakenSource,
 )
 from indexer.domain.values import naive_utc, text_sha
+from indexer.domain.vectors import unit_vectors
 from indexer.errors import GenerationMoved, VectorStoreBusy, VectorStoreError
 from indexer.storage.catalog_duplicates import CatalogDuplicates
 from indexer.storage.catalog_generations import CatalogGenerations
@@ -53,6 +53,7 @@ from indexer.storage.sql.taken import set_taken, sort_keys
 from indexer.storage.store_health import is_collection_failure
 from indexer.storage.store_pool import StorePool, store_spec
 from indexer.storage.sync import Progress, StoreSync
+from indexer.storage.texts import TextStore
 from indexer.storage.vectors.base import VectorEngine
 from retrieval.errors import InvalidInput, NotFound
 from retrieval.preprocess import probe_image
@@ -62,19 +63,10 @@ __all__ = ["FileState", "SqlCatalog"]
 log = logging.getLogger(__name__)
 
 
-def unit_vectors(vectors: np.ndarray, count: int, dim: int) -> np.ndarray:
-    array = np.asarray(vectors, dtype=np.float32)
-    if array.shape != (count, dim):
-        raise InvalidInput(f"expected vectors of shape ({count}, {dim}), got {array.shape}")
-    norms = np.linalg.norm(array, axis=1, keepdims=True)
-    if not np.all(np.isfinite(array)) or np.any(norms == 0):
-        raise InvalidInput("vectors must be finite and non-zero")
-    return np.ascontiguousarray(array / norms, dtype=np.float32)
-
-
-class SqlCatalog(CatalogDuplicates, CatalogGenerations, CatalogMoves):
-    """`indexer.domain.records.Catalog` over SQLAlchemy (SQLite or PostgreSQL) and a `VectorEngine`. It stores
-    what it is given: the rules (which model, which kind, what a user's deletion means) are the
+class SqlCatalog:
+    """The ports of indexer/service/ports.py over SQLAlchemy (SQLite or PostgreSQL) and a `VectorEngine`:
+    the core ones itself, the feature stores as `duplicates`, `generations`, `moves` and `texts`. It
+    stores what it is given: the rules (which model, which kind, what a user's deletion means) are the
     collection service's (indexer/service/collections.py), the one caller besides tests."""
 
     def __init__(self, engine: Engine, data_dir: Path, vectors: VectorEngine, *, sync_interval_s: float = 0.5) -> None:
@@ -82,12 +74,15 @@ class SqlCatalog(CatalogDuplicates, CatalogGenerations, CatalogMoves):
         self.data_dir = Path(data_dir)
         self.media_dir = media_root(self.data_dir)
         self.rows = ItemRows(engine, self.media_dir)
+        self.texts = TextStore(self.rows)  # text recognised in photos (issue 32)
         self.vectors = vectors
         self.stores = StorePool(self.rows, vectors, sync_interval_s)
         self._written: set[int] = set()  # collections this process wrote (flushed on close)
         self._closed = False
-        self._older: dict[str, StoreSync] = {}  # previous generations' stores (indexer/storage/catalog_generations.py)
-        self._older_lock = threading.Lock()
+        # The feature stores the service's feature services take (indexer/service/ports.py).
+        self.duplicates = CatalogDuplicates(self.rows)
+        self.generations = CatalogGenerations(self.rows, self.stores, vectors)
+        self.moves = CatalogMoves(self.rows, self._after_write)
 
     # --- collections (SQL) ---------------------------------------------------------------------
     def create_collection(
@@ -117,7 +112,7 @@ class SqlCatalog(CatalogDuplicates, CatalogGenerations, CatalogMoves):
         """Delete collection `name` with all its items and its vectors; returns how many items it held."""
         state = self.rows.collection(name)
         count = self.rows.item_counts(state.id).get(state.id, 0)
-        self.drop_generation_stores(state)
+        self.generations.drop_stores(state)
         self.rows.drop_collection(state.id)
         self.stores.forget(state.id)
         self._written.discard(state.id)
@@ -160,12 +155,13 @@ class SqlCatalog(CatalogDuplicates, CatalogGenerations, CatalogMoves):
             vectors=sync.store.count() if sync is not None else 0 if degraded is not None else items,
             created_at=state.created_at,
             degraded=degraded.summary if degraded is not None else None,
+            ocr=state.ocr,
         )
 
     # --- writes ----------------------------------------------------------------------------------
     def add_images(
         self,
-        collection: str,
+        collection: CollectionState | str,
         images: Sequence[NewImage],
         vectors: np.ndarray,
         *,
@@ -176,7 +172,8 @@ class SqlCatalog(CatalogDuplicates, CatalogGenerations, CatalogMoves):
         again (`created=False`, the existing id). `replace[i]` names a row this image supersedes (a
         changed file), deleted in the same transaction. Each image comes with what its header says
         (mime, size, date): the service reads it once per image; a caller that did not (a test, a
-        benchmark) gets it read here."""
+        benchmark) gets it read here. `collection`: the state the service resolved (its row is not
+        read again) or a name (tests, benchmarks)."""
         rows: list[dict[str, Any]] = []
         for image in images:
             sha = image.sha256 or hashlib.sha256(image.data).hexdigest()
@@ -192,7 +189,12 @@ class SqlCatalog(CatalogDuplicates, CatalogGenerations, CatalogMoves):
         return self._add(collection, rows, vectors, replace, vector_key)
 
     def add_texts(
-        self, collection: str, texts: Sequence[NewText], vectors: np.ndarray, *, vector_key: str | None = None
+        self,
+        collection: CollectionState | str,
+        texts: Sequence[NewText],
+        vectors: np.ndarray,
+        *,
+        vector_key: str | None = None,
     ) -> list[AddResult]:
         """Add texts with their vectors; a text the collection has already is not added again."""
         rows: list[dict[str, Any]] = []
@@ -205,17 +207,19 @@ class SqlCatalog(CatalogDuplicates, CatalogGenerations, CatalogMoves):
 
     def _add(
         self,
-        collection: str,
+        collection: CollectionState | str,
         rows: list[dict[str, Any]],
         vectors: np.ndarray,
         replace: Sequence[int | None] | None,
         vector_key: str | None = None,
     ) -> list[AddResult]:
         """`vector_key`: the model generation the vectors were made for (`GenerationMoved` when another
-        is active now; the insert checks it again under the collection's lock, indexer/storage/sql/row_inserts.py)."""
-        state = self.rows.collection(collection)
+        is active now). The insert checks the key under the collection's lock with the key its version
+        bump reads back (indexer/storage/sql/row_inserts.py), the one check that counts: a resolved
+        `collection` is not read again before it."""
+        state = collection if isinstance(collection, CollectionState) else self.rows.collection(collection)
         if vector_key is not None and vector_key != state.vector_key:
-            raise GenerationMoved(f"collection {collection!r} swapped its model generation; embed again")
+            raise GenerationMoved(f"collection {state.name!r} swapped its model generation; embed again")
         unit = unit_vectors(vectors, len(rows), state.dim)
         results, version = self.rows.add(state, rows, unit, replace)
         self._after_write(state.id, version)
@@ -271,6 +275,10 @@ class SqlCatalog(CatalogDuplicates, CatalogGenerations, CatalogMoves):
         self.get(item_id)
         return self.rows.vectors([item_id])[0]
 
+    def vectors_for(self, collection: str, ids: Sequence[int], vector_key: str) -> np.ndarray:
+        """Stored vectors of `ids` of the collection's generation `vector_key` (active or previous)."""
+        return self.generations.vectors_for(collection, ids, vector_key)
+
     def read_media(self, item: ItemRecord) -> bytes:
         """The item's image bytes, if they are still the indexed ones (`indexer.storage.media.check`: read once
         from a descriptor reached without leaving the indexed folder, sha256 checked); uploads are
@@ -319,7 +327,7 @@ class SqlCatalog(CatalogDuplicates, CatalogGenerations, CatalogMoves):
         sync = self.stores.store(collection, vector_key)
         if vector_key is not None and sync.state.vector_key != vector_key:
             # The previous generation, answering while this process loads the new model; else GenerationMoved.
-            sync = self.older_generation(sync.state, vector_key, sync.seen)
+            sync = self.generations.older(sync.state, vector_key, sync.seen)
         query = unit_vectors(np.asarray(vector, dtype=np.float32).reshape(1, -1), 1, sync.state.dim)[0]
         try:
             ids, scores = sync.store.search(query, k, filters)

@@ -1,6 +1,7 @@
 """The catalog's model generations (SQL: indexer/storage/sql/generations.py): a shadow generation filled with the
-next model, the atomic swap, rollback and dropping, and each generation's own vector store. Mixed into
-`SqlCatalog`; the collection service (indexer/service/migration_cases.py) owns the rules and the job."""
+next model, the atomic swap, rollback and dropping, and each generation's own vector store: the
+`GenerationStore` port (indexer/service/ports.py), held by `SqlCatalog` as `generations`; the collection
+service (indexer/service/migration_cases.py) owns the rules and the job."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ from dataclasses import replace
 
 import numpy as np
 
+from indexer.domain.generations import PREVIOUS, SHADOW, Generation, MigrationStatus
 from indexer.domain.index_spec import parse_index
 from indexer.domain.records import CollectionState
+from indexer.domain.vectors import unit_vectors
 from indexer.errors import CollectionUnavailable, GenerationMoved, VectorStoreError
-from indexer.storage.sql.generations import PREVIOUS, SHADOW, Generation, GenerationRows, MigrationStatus
+from indexer.storage.sql.generations import GenerationRows
 from indexer.storage.sql.model_sources import model_source, previous_generation, record_model_source
 from indexer.storage.sql.rows import ItemRows
 from indexer.storage.store_health import is_collection_failure
@@ -51,15 +54,17 @@ class _GenerationItemRows(ItemRows):
 
 
 class CatalogGenerations:
-    """Mixed into `SqlCatalog` (indexer/storage/catalog.py)."""
+    """Held by `SqlCatalog` (indexer/storage/catalog.py) as `generations`, over its rows, stores and engine."""
 
-    rows: ItemRows
-    stores: StorePool
-    vectors: VectorEngine
-    # vector_key -> the store of a collection's previous generation, searched while this process
-    # loads the model the collection swapped to (indexer/service/model_loader.py); released once it has it.
-    _older: dict[str, StoreSync]
-    _older_lock: threading.Lock
+    def __init__(self, rows: ItemRows, stores: StorePool, vectors: VectorEngine) -> None:
+        self.rows = rows
+        self.stores = stores
+        self.vectors = vectors
+        self.sql = GenerationRows(rows.engine)
+        # vector_key -> the store of a collection's previous generation, searched while this process
+        # loads the model the collection swapped to (indexer/service/model_loader.py); released once it has it.
+        self._older: dict[str, StoreSync] = {}
+        self._older_lock = threading.Lock()
 
     def record_model_source(self, model: str, directory: str) -> None:
         """Remember the directory `model` is loaded from (`cnclip migrate --model DIR`)."""
@@ -77,29 +82,29 @@ class CatalogGenerations:
         if state.vector_key == vector_key:
             vectors = self.rows.vectors(ids)
         else:
-            previous = self.previous_generation(state)
+            previous = self.previous(state)
             if previous is None or previous.vector_key != vector_key:
                 raise GenerationMoved(f"collection {collection!r} no longer holds that model generation")
-            vectors = self.generation_vectors(previous, ids)
+            vectors = self.vectors_of(previous, ids)
         if self.rows.collection(collection).vector_key != state.vector_key:
             raise GenerationMoved(f"collection {collection!r} swapped its model generation; search again")
         return vectors
 
-    def previous_generation(self, state: CollectionState) -> Generation | None:
+    def previous(self, state: CollectionState) -> Generation | None:
         """The collection's previous generation (one cheap read: its `vectors` is not counted)."""
         return previous_generation(self.rows.engine, state.id)
 
-    def older_generation(self, state: CollectionState, vector_key: str, version: int) -> StoreSync:
+    def older(self, state: CollectionState, vector_key: str, version: int) -> StoreSync:
         """The store of the collection's previous generation, if `vector_key` names it (opened from SQL
         on first use, caught up with the collection's version after); `GenerationMoved` otherwise (it
         was dropped or swapped back meanwhile)."""
-        previous = self.previous_generation(state)
+        previous = self.previous(state)
         if previous is None or previous.vector_key != vector_key:
             raise GenerationMoved(f"collection {state.name!r} no longer holds that model generation")
         with self._older_lock:
             sync = self._older.get(vector_key)
             if sync is None:
-                rows = _GenerationItemRows(self.rows, self.generations, previous)
+                rows = _GenerationItemRows(self.rows, self.sql, previous)
                 older = replace(state, model=previous.model, dim=previous.dim, vector_key=previous.vector_key,
                                 generation=previous.number)  # fmt: skip
                 try:
@@ -125,27 +130,23 @@ class CatalogGenerations:
                 sync.lock.release()
         return sync
 
-    def release_older_generations(self) -> None:
+    def release_older(self) -> None:
         """Forget the previous generations' stores (this process now holds every model it answers);
         their files are not saved again, so a generation dropped meanwhile leaves nothing behind."""
         with self._older_lock:
             self._older.clear()
 
-    @property
-    def generations(self) -> GenerationRows:
-        return GenerationRows(self.rows.engine)
+    def status(self, name: str) -> MigrationStatus:
+        return self.sql.status(self.rows.collection(name))
 
-    def generation_status(self, name: str) -> MigrationStatus:
-        return self.generations.status(self.rows.collection(name))
-
-    def migrations(self) -> dict[int, tuple[str, int]]:
+    def shadows(self) -> dict[int, tuple[str, int]]:
         """collection id -> (the model it migrates to, items its shadow covers), for collections migrating now."""
-        return self.generations.shadows()
+        return self.sql.shadows()
 
     def begin_shadow(self, name: str, model: str, dim: int) -> Generation:
         """The collection's shadow generation for `model` (resumed, reused from the previous one, or new).
         The collection's index description must hold for `dim`-d vectors in this engine."""
-        return self.generations.begin_shadow(self.check_shadow(name, model, dim), model, dim)
+        return self.sql.begin_shadow(self.check_shadow(name, model, dim), model, dim)
 
     def check_shadow(self, name: str, model: str, dim: int) -> CollectionState:
         """The collection, if a shadow generation of `model` (`dim`-d) can be made: its index description
@@ -165,29 +166,28 @@ class CatalogGenerations:
     def shadow_missing(self, name: str, generation: Generation, limit: int, after: int = 0) -> list[int]:
         """Up to `limit` item ids above `after` of the collection the generation has no vector for yet."""
         assert generation.id is not None
-        return self.generations.missing_ids(self.rows.collection(name).id, generation.id, limit, after)
+        return self.sql.missing_ids(self.rows.collection(name).id, generation.id, limit, after)
 
     def put_shadow(self, generation: Generation, ids: Sequence[int], vectors: np.ndarray) -> int:
-        """Store a generation's vectors (normalised here); returns how many were new."""
-        from indexer.storage.catalog import unit_vectors
+        """Store a generation's vectors (checked, indexer/domain/vectors.py); returns how many were new."""
+        return self.sql.put_vectors(generation, ids, unit_vectors(vectors, len(ids), generation.dim))
 
-        return self.generations.put_vectors(generation, ids, unit_vectors(vectors, len(ids), generation.dim))
-
-    def generation_ids(self, generation: Generation) -> np.ndarray:
+    def covered_ids(self, generation: Generation) -> np.ndarray:
         """The ids the generation has a vector for, sorted."""
         assert generation.id is not None
-        return self.generations.covered_ids(generation.id)
+        return self.sql.covered_ids(generation.id)
 
-    def generation_vectors(self, generation: Generation, ids: Sequence[int]) -> np.ndarray:
+    def vectors_of(self, generation: Generation, ids: Sequence[int]) -> np.ndarray:
+        """The generation's stored vectors of `ids`, in that order."""
         assert generation.id is not None
-        return self.generations.vectors(generation.id, ids, generation.dim)
+        return self.sql.vectors(generation.id, ids, generation.dim)
 
-    def prepare_generation(self, name: str, generation: Generation) -> bool:
+    def prepare(self, name: str, generation: Generation) -> bool:
         """Build and save the generation's vector store from SQL ahead of its swap, so that every process
         opens it ready instead of filling it from SQL on its first search. False (nothing built) when
         the engine's storage is held by another process (a Milvus Lite file): that process builds it."""
         state = self.rows.collection(name)
-        rows = _GenerationItemRows(self.rows, self.generations, generation)
+        rows = _GenerationItemRows(self.rows, self.sql, generation)
         try:
             store = self.vectors.open(
                 generation_spec(state, generation), rows.vectors, lambda f: self.rows.filter_ids(state.id, f)
@@ -204,12 +204,12 @@ class CatalogGenerations:
             store.close()
         return True
 
-    def swap_generation(self, name: str, role: str) -> CollectionState:
+    def swap(self, name: str, role: str) -> CollectionState:
         """Make the shadow (or, for a rollback, the previous) generation active in one transaction; every
         process sees it with the collection's next version. Drops the engine data of a generation the
         swap forgot (an older previous)."""
         state = self.rows.collection(name)
-        fresh, dropped = self.generations.swap(state, role if role in (SHADOW, PREVIOUS) else SHADOW)
+        fresh, dropped = self.sql.swap(state, role if role in (SHADOW, PREVIOUS) else SHADOW)
         self.stores.forget(state.id)  # this process opens the new generation's store on its next search
         if dropped is not None:
             self._drop_store(fresh, dropped)
@@ -218,15 +218,15 @@ class CatalogGenerations:
         )
         return fresh
 
-    def drop_generation(self, name: str, role: str) -> Generation:
+    def drop(self, name: str, role: str) -> Generation:
         state = self.rows.collection(name)
-        dropped = self.generations.drop(state, role)
+        dropped = self.sql.drop(state, role)
         self._drop_store(state, dropped)
         return dropped
 
-    def drop_generation_stores(self, state: CollectionState) -> None:
+    def drop_stores(self, state: CollectionState) -> None:
         """The engine data of every non-active generation (the collection is being deleted)."""
-        for generation in self.generations.all_generations(state.id):
+        for generation in self.sql.all_generations(state.id):
             self._drop_store(state, generation)
 
     def _drop_store(self, state: CollectionState, generation: Generation) -> None:

@@ -142,8 +142,8 @@ class StorePool:
         try:
             store = self.engine.open(store_spec(state), self.rows.vectors, lambda f: self.rows.filter_ids(state.id, f))
             sync = StoreSync(self.rows, store, state)
-            with sync.lock:
-                sync.reconcile(on_progress, reason)
+            with sync.lock:  # every caller read `state` from SQL just before: its version is fresh enough
+                sync.reconcile(on_progress, reason, version=state.version)
                 sync.checked = time.monotonic()
         except Exception as exc:
             if not is_collection_failure(exc):

@@ -42,12 +42,17 @@ class StoreSync:
         self.checked = 0.0  # monotonic time of the last version check
         self.lock = threading.Lock()  # one reconcile / catch-up at a time
 
-    def reconcile(self, on_progress: Progress | None = None, reason: str | None = None) -> None:
+    def reconcile(
+        self, on_progress: Progress | None = None, reason: str | None = None, *, version: int | None = None
+    ) -> None:
         """Make the store hold exactly SQL's ids (call with `lock` held). `reason`: why the store
         is being rebuilt, when the caller emptied it on purpose (`cnclip reindex`), to be logged
-        instead of what the empty store itself says ("no index file")."""
-        fresh = self.rows.collection_by_id(self.state.id)
-        version = fresh.version if fresh is not None else self.state.version  # read before the ids
+        instead of what the empty store itself says ("no index file"). `version`: the collection's
+        version the caller read just now (any version read before the ids will do: catching up from
+        it again is harmless); None: read here."""
+        if version is None:
+            fresh = self.rows.collection_by_id(self.state.id)
+            version = fresh.version if fresh is not None else self.state.version  # read before the ids
         sql_ids = self.rows.ids(self.state.id)
         held, copies = np.unique(np.asarray(self.store.ids(), dtype=np.int64), return_counts=True)
         doubled = held[copies > 1]  # an engine killed mid-write may replay a row twice: drop, add once

@@ -1,5 +1,5 @@
-"""One reconcile of a watched folder with SQL: the bulk indexer's own run (indexer/bulk/pipeline.py), given
-the files to look at and the part of the folder whose vanished files are pruned.
+"""One reconcile of a watched folder with SQL: a run of the bulk indexer (indexer/bulk/pipeline.py, its
+`IndexRun`), given the files to look at and the part of the folder whose vanished files are pruned.
 
 A full pass walks the whole folder and prunes the rows under it whose files are gone; a hinted pass
 looks only at the paths the events named (a folder among them is walked) and prunes only rows at or
@@ -22,15 +22,11 @@ import contextlib
 import os
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
 
-from indexer.bulk.moves import UNDECIDED, FileMoves
-from indexer.bulk.pipeline import ImageIndexer
-from indexer.bulk.reading import PreparedFile
-from indexer.bulk.routing import MovePayload
+from indexer.bulk.moves import UNDECIDED
+from indexer.bulk.pipeline import ImageIndexer, IndexRun
 from indexer.bulk.sources import SourceEntry
 from indexer.domain.index_summary import IndexSummary, ProgressCallback
-from indexer.service.collections import CollectionService
 from indexer.watch.root import Identity, PinnedRoot, Walk
 
 Scope = Callable[[str], bool]  # which rows' paths a pass may prune
@@ -43,23 +39,23 @@ def under(folders: Iterable[str]) -> Scope:
     return lambda path: path in exact or path.startswith(prefixes)
 
 
-class FolderPass(ImageIndexer):
-    """The pipeline with a scoped prune and no save of the vector store at the end of each pass (a
-    server's store is caught up by each commit and saves itself; a lone watcher's is saved on exit)."""
-
-    flush_at_end = False
+class FolderPass:
+    """A watched folder's passes, each a run of `pipeline` with a scoped prune, a check of the pinned
+    folder before every write, and no save of the vector store at the end (a server's store is caught
+    up by each commit and saves itself; a lone watcher's is saved on exit)."""
 
     def __init__(
         self,
-        service: CollectionService,
-        collection: str,
+        pipeline: ImageIndexer,
         root: PinnedRoot,
         *,
         skip: frozenset[Identity] = frozenset(),
         quiet_s: float = 0.0,
-        **options: Any,
     ) -> None:
-        super().__init__(service, collection, **options)
+        self.pipeline = pipeline
+        self.service = pipeline.service
+        self.collection = pipeline.collection
+        self.restore_deleted = pipeline.restore_deleted  # `--restore-deleted` is for the first pass only
         self.root = root
         self.top = root.path
         self.skip = skip  # folders never walked (the data dir: the product's own files)
@@ -91,7 +87,6 @@ class FolderPass(ImageIndexer):
         self, found: Walk, scope: Scope, stop: asyncio.Event, on_progress: ProgressCallback | None
     ) -> IndexSummary:
         started = time.perf_counter()
-        self.undated, self.unhashed, self.copies = [], [], []  # per run in the pipeline: per pass here
         self.unreadable = found.unreadable
         settled, moving = await self._settle(found.recent, stop)
         entries = found.entries + settled
@@ -103,8 +98,18 @@ class FolderPass(ImageIndexer):
         self._listed = {str(entry.path) for entry in entries} | {path for path, _ in refused} | set(moving)
         report = on_progress or (lambda _summary: None)
         summary = IndexSummary(total=len(entries) + len(refused), failures=list(refused))
-        await self._real_run(entries, summary, stop, report, prune=True)
-        self.restore_deleted = False  # `--restore-deleted` is for the first pass only
+        run = self.pipeline.new_run(
+            summary,
+            stop,
+            report,
+            restore_deleted=self.restore_deleted,
+            prune=self._prune,
+            before_write=self._before_write,
+            folder_moving=self._folder_moving,
+            flush=False,
+        )
+        await self.pipeline.index(entries, run)
+        self.restore_deleted = False
         # Moves that wait because the folder moved meanwhile (indexer/bulk/moves.py) are looked at again soon
         # (those that wait for an unreadable file, at the next full pass: they would only wait again).
         undecided = {path for path, why in summary.failures if why == UNDECIDED} if self._moved_meanwhile else set()
@@ -137,20 +142,12 @@ class FolderPass(ImageIndexer):
                 moving.append(str(entry.path))
         return still, moving
 
-    # Every write of a pass is made only while the watched folder is still the pinned one: a folder
-    # swapped (for a link to another folder, for another folder) during the pass is never indexed
-    # through, and the pass stops (`RootMoved`) with nothing of the batch in hand committed.
-    def _commit(self, batch: list[PreparedFile], vectors: Any, summary: IndexSummary) -> None:
+    def _before_write(self) -> None:
+        """Every write of a pass (a batch, a move, the pass's moves by content) is made only while the
+        watched folder is still the pinned one: a folder swapped (for a link to another folder, for
+        another folder) during the pass is never indexed through, and the pass stops (`RootMoved`)
+        with nothing of the batch in hand committed."""
         self.root.check()
-        super()._commit(batch, vectors, summary)
-
-    def _apply_move(self, payload: MovePayload) -> None:
-        self.root.check()
-        super()._apply_move(payload)
-
-    def _apply_moves(self, moves: FileMoves) -> None:  # a pass's moves by content (indexer/bulk/moves.py)
-        self.root.check()
-        super()._apply_moves(moves)
 
     def _folder_moving(self) -> bool:
         """Hints arrived during the pass (a rename storm): the bytes of an item this pass found nowhere
@@ -158,7 +155,7 @@ class FolderPass(ImageIndexer):
         self._moved_meanwhile = self._moved_meanwhile or self.hold_prunes()
         return self._moved_meanwhile
 
-    def _prune(self) -> int:
+    def _prune(self, _run: IndexRun) -> int:
         """The one place a watcher decides what to prune: rows in this pass's scope whose files the
         pinned folder says are gone (indexer/watch/root.py: unreadable is not gone), decided from
         the pinned folder and committed only after checking again that it is still at its path."""
@@ -177,5 +174,5 @@ class FolderPass(ImageIndexer):
         for path in self.deferred:
             del gone[path]
         self.root.check()  # right before the prune commits: the folder decided on is still the one watched
-        self.service.prune_copies(self.collection)
+        self.service.duplicates.prune_copies(self.collection)
         return self.service.delete_items(list(gone.values()), reason="pruned") if gone else 0

@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from indexer.bulk.pipeline import ImageIndexer
+from indexer.config import StorageSettings
 from indexer.watch.health import BACKOFF_FIRST_S, BACKOFF_MAX_S, STEADY_S, WatcherHealth, WatchHealth
 from indexer.watch.settings import WatchedFolder
 from indexer.watch.watcher import STOP_GRACE_S, FolderWatcher, WatchOptions
@@ -20,7 +22,7 @@ log = logging.getLogger("indexer.watch.watcher")
 
 
 def watch_served_folders(
-    runtime: Any, settings: Any, folders: list[WatchedFolder], health: WatchHealth | None = None
+    runtime: Any, settings: StorageSettings, folders: list[WatchedFolder], health: WatchHealth | None = None
 ) -> None:
     """Register one background task per watched folder with the server's runtime (indexer/runtime.py);
     each keeps its watcher running (restarted with backoff) and says how it is doing in `health`."""
@@ -35,9 +37,7 @@ def watch_served_folders(
                 watched.folder,
                 WatchOptions.from_settings(settings),
                 settings.data_dir,
-                batch_size=settings.index_batch_size,
-                read_threads=settings.index_read_threads,
-                inflight=max(2, settings.streams + 1),
+                pipeline=ImageIndexer.from_settings(settings, runtime.service, watched.collection),
             )
 
         async def job(make: Callable[[], FolderWatcher] = make, status: WatcherHealth = status) -> None:

@@ -37,6 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from indexer.bulk.pipeline import ImageIndexer
 from indexer.bulk.sources import identities
 from indexer.domain.index_summary import IndexSummary, ProgressCallback
 from indexer.fs.file_names import printable
@@ -47,6 +48,7 @@ from indexer.watch.health import WatcherHealth
 from indexer.watch.lock import FolderLock
 from indexer.watch.passes import FolderPass
 from indexer.watch.root import Identity, PinnedRoot, RootMoved, RootState
+from indexer.watch.settings import WatchTuning
 from retrieval.errors import CnclipError
 
 log = logging.getLogger(__name__)
@@ -70,8 +72,8 @@ class WatchOptions:
     events: EventMode = "auto"
 
     @classmethod
-    def from_settings(cls, settings: Any, **overrides: Any) -> WatchOptions:
-        values = {
+    def from_settings(cls, settings: WatchTuning, **overrides: Any) -> WatchOptions:
+        values: dict[str, Any] = {
             "quiet_s": settings.watch_quiet_s,
             "rescan_interval_s": settings.watch_rescan_interval_s,
             "poll_interval_s": settings.watch_poll_interval_s,
@@ -98,8 +100,11 @@ class FolderWatcher:
         data_dir: Path,
         *,
         on_pass: PassReport | None = None,
+        pipeline: ImageIndexer | None = None,
         **indexer_options: Any,
     ) -> None:
+        """`pipeline`: the bulk indexer the passes run (`ImageIndexer.from_settings`); None: one made
+        with `indexer_options`."""
         self.service = service
         self.collection = collection
         self.folder = folder
@@ -109,7 +114,7 @@ class FolderWatcher:
         # The catalog's own files change with every pass: hints from there would start pass after pass.
         self.ignored = str(data_dir.resolve()) + os.sep
         self.on_pass = on_pass
-        self.indexer_options = indexer_options
+        self.pipeline = pipeline or ImageIndexer(service, collection, **indexer_options)
         self.mode = "starting"  # how changes are seen: inotify, polling, rescans only
         self.quiet = QuietPaths(options.quiet_s)
         self._wake = asyncio.Event()
@@ -136,14 +141,7 @@ class FolderWatcher:
         lock = FolderLock(self.lock_dir, self.collection, self.top)
         if not await self._take(lock, stop):
             return None
-        self.passes = FolderPass(
-            self.service,
-            self.collection,
-            self.root,
-            skip=self._product_folders(),
-            quiet_s=self.options.quiet_s,
-            **self.indexer_options,
-        )
+        self.passes = FolderPass(self.pipeline, self.root, skip=self._product_folders(), quiet_s=self.options.quiet_s)
         self.passes.hold_prunes = self.quiet.any_present  # hints arrived during the pass (a read only)
         self._start_pump()
         try:

@@ -67,19 +67,6 @@ class SessionConfig:
         """The same configuration, with the session loading (and prepacking) its own copy of the weights."""
         return dataclasses.replace(self, weights=None)
 
-    # ONNX Runtime's constructor arguments; kept here for the callers that build ORT sessions directly.
-    def providers(self) -> list[tuple[str, dict[str, str]] | str]:
-        """The `providers=` argument for `ort.InferenceSession`, accelerator first, CPU as fallback."""
-        from retrieval.backends.onnxruntime import ort_providers
-
-        return ort_providers(self)
-
-    def session_options(self) -> Any:
-        """The `ort.SessionOptions` of this configuration (threads, spinning, affinity, sharing)."""
-        from retrieval.backends.onnxruntime import ort_session_options
-
-        return ort_session_options(self)
-
 
 class EngineSession(Protocol):
     """One fixed-shape graph opened by a backend (a `retrieval.sessions.ModelSession` plus what it reports)."""

@@ -33,13 +33,6 @@ log = logging.getLogger(__name__)
 # OrtSession's warnings keep the logger they had before the move (operators filter on it).
 session_log = logging.getLogger("retrieval.sessions")
 
-# CNCLIP_PROVIDER value -> ONNX Runtime's provider name (from the registry, for earlier callers).
-ORT_PROVIDER = {record.name: record.ort_name for record in PROVIDERS.values()}
-
-
-# Kept as ProviderChoice for the callers of retrieval.providers; it is this backend's DeviceChoice.
-ProviderChoice = DeviceChoice
-
 
 def _ort_available() -> list[str]:
     import onnxruntime as ort
@@ -57,7 +50,7 @@ def _provider(name: str) -> OrtProvider:
 
 def choose_provider(
     requested: str, available: Callable[[], list[str]] = _ort_available, **detect: Callable[[], Detection]
-) -> ProviderChoice:
+) -> DeviceChoice:
     """Resolve `auto` or a provider's name to one provider; an explicit choice that cannot work is an error.
 
     `detect` replaces a provider's own hardware detection, by provider name (tests: `cann=lambda: …`)."""
@@ -67,7 +60,7 @@ def choose_provider(
     if requested != "auto":
         record = PROVIDERS[requested]
         if record.on_host:
-            return ProviderChoice(record.name, f"CNCLIP_PROVIDER={requested}")
+            return DeviceChoice(record.name, f"CNCLIP_PROVIDER={requested}")
         if record.ort_name not in ort_providers:
             raise EncoderUnavailable(
                 f"CNCLIP_PROVIDER={requested} but this onnxruntime build has no {record.ort_name} "
@@ -76,7 +69,7 @@ def choose_provider(
         found = detect.get(record.name, record.detect)()
         if not found.found:
             raise EncoderUnavailable(f"CNCLIP_PROVIDER={requested} but {found.reason}")
-        return ProviderChoice(requested, f"CNCLIP_PROVIDER={requested}: {found.reason}")
+        return DeviceChoice(requested, f"CNCLIP_PROVIDER={requested}: {found.reason}")
     reasons = []
     for record in accelerators():
         if record.ort_name not in ort_providers:
@@ -84,9 +77,9 @@ def choose_provider(
             continue
         found = detect.get(record.name, record.detect)()
         if found.found:
-            return ProviderChoice(record.name, f"auto: {found.reason}")
+            return DeviceChoice(record.name, f"auto: {found.reason}")
         reasons.append(found.reason)
-    return ProviderChoice(HOST.name, "auto: " + "; ".join(reasons))
+    return DeviceChoice(HOST.name, "auto: " + "; ".join(reasons))
 
 
 def _preference(provider: str) -> tuple[str, ...]:
@@ -213,10 +206,10 @@ class OrtSession:
 
         errors: tuple[type[BaseException], ...] = (RuntimeError, *ort_errors())
         try:
-            options = config.session_options()
+            options = ort_session_options(config)
             if config.weights is not None:
                 config.weights.add_to(options, path)
-            return ort.InferenceSession(str(path), sess_options=options, providers=config.providers())
+            return ort.InferenceSession(str(path), sess_options=options, providers=ort_providers(config))
         except errors as exc:
             raise ModelError(f"cannot open graph {path}: {exc}") from exc
 

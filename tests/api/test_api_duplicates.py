@@ -16,26 +16,16 @@ from pydantic import SecretStr
 
 from api.config import Settings
 from indexer.domain import near_vectors
+from indexer.domain.duplicates import FileCopy
 from indexer.domain.records import NewImage, NewText
 from indexer.service import duplicates
 from indexer.storage.catalog import SqlCatalog
-from indexer.storage.sql.duplicate_rows import FileCopy
 from retrieval.fake import FakeEncoder
 from tests.support.api_helpers import api_client, open_test_catalog
-from tests.support.indexer_helpers import jpeg, service_for
+from tests.support.indexer_helpers import jpeg, near, service_for, unit
 
 KEY = "s3cret-key"
 URL = "/v1/collections/photos/duplicates"
-
-
-def unit(v: np.ndarray) -> np.ndarray:
-    return (v / np.linalg.norm(v, axis=-1, keepdims=True)).astype(np.float32)
-
-
-def near(base: np.ndarray, rng: np.random.Generator, cosine: float) -> np.ndarray:
-    noise = rng.standard_normal(base.shape)
-    noise -= np.dot(noise, base) * base
-    return unit(cosine * base + np.sqrt(1 - cosine**2) * unit(noise))
 
 
 @pytest.fixture
@@ -57,12 +47,14 @@ def catalog(settings: Settings) -> Iterator[SqlCatalog]:
         NewImage(jpeg(6), caption="孤单", phash=0x3333_3333_3333_3333),
     ]
     vectors = np.stack([a, near(a, rng, 0.99), b, near(b, rng, 0.97), c, unit(rng.standard_normal(32))])
-    service.add_images("photos", images, vectors)
+    service.writes.add_images("photos", images, vectors)
     copy_sha = cat.get_many([5])[0].sha256 or ""
     root = settings.data_dir / "library"
-    service.record_copies("photos", [FileCopy(copy_sha, str(root / "2019" / "copy.jpg"), str(root), 99, 1.6e9)])
+    service.duplicates.record_copies(
+        "photos", [FileCopy(copy_sha, str(root / "2019" / "copy.jpg"), str(root), 99, 1.6e9)]
+    )
     service.create("words", "texts")
-    service.add_texts("words", [NewText("一只猫")], FakeEncoder().embed_texts_sync(["一只猫"]))
+    service.writes.add_texts("words", [NewText("一只猫")], FakeEncoder().embed_texts_sync(["一只猫"]))
     yield cat
     cat.close()
 
@@ -136,7 +128,7 @@ def test_a_partial_answer_says_so_and_the_next_requests_finish_it(
 ) -> None:
     monkeypatch.setattr(near_vectors, "QUERY_CHUNK", 50)
     rng = np.random.default_rng(8)
-    service_for(catalog, FakeEncoder()).add_images(
+    service_for(catalog, FakeEncoder()).writes.add_images(
         "photos", [NewImage(jpeg(100 + i)) for i in range(200)], unit(rng.standard_normal((200, 32)))
     )
     # The vectors are random, not the model's: pin the threshold (a calibration would measure noise).
@@ -153,7 +145,7 @@ def test_another_search_in_progress_is_a_429_with_retry_after(
     client: TestClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(duplicates, "LOCK_WAIT_S", 0.05)
-    lock = client.app.state.service.catalog.duplicate_finder._lock  # type: ignore[attr-defined]
+    lock = client.app.state.service.duplicates.finder._lock  # type: ignore[attr-defined]
     held = threading.Event()
     release = threading.Event()
 

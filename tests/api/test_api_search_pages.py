@@ -15,8 +15,8 @@ from PIL import Image
 
 from api.config import Settings
 from retrieval.fake import FakeEncoder
-from tests.conftest import MILVUS_SERVER, engine_under_test
 from tests.support.api_helpers import api_client
+from tests.support.engines import MILVUS_SERVER, engine_under_test
 
 COUNT = 40
 DAY0 = datetime(2015, 6, 1, 12, tzinfo=UTC)

@@ -27,6 +27,7 @@ from pydantic import SecretStr
 
 from api.app import create_app
 from api.config import Settings
+from tests.support.crafted_images import png_chunk
 from tests.support.live_server import LiveServer
 
 KEY = "s3cret-key"
@@ -75,11 +76,10 @@ def huge_png(width: int, height: int) -> bytes:
     idat = [packer.compress(row * rows_per_part) for _ in range(height // rows_per_part)]
     idat.append(packer.compress(row * (height % rows_per_part)) + packer.flush())
 
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
     header = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", b"".join(idat)) + chunk(b"IEND", b"")
+    return (
+        b"\x89PNG\r\n\x1a\n" + png_chunk(b"IHDR", header) + png_chunk(b"IDAT", b"".join(idat)) + png_chunk(b"IEND", b"")
+    )
 
 
 def many_keys(n: int = 200_000) -> bytes:

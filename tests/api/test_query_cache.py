@@ -13,7 +13,7 @@ from api.config import Settings
 from retrieval.encoder import LocalEncoder
 from retrieval.query_cache import QueryCache, TokenKey, embed_with_cache, token_keys
 from retrieval.tokenizer import tokenize
-from retrieval.toy_model import write_toy_model
+from retrieval.toolchain.toy_model import write_toy_model
 
 DIM = 4
 

@@ -547,7 +547,7 @@ def test_the_rules_themselves() -> None:
 def test_an_exif_date_out_of_the_calendar_is_no_date(date: str, offset: str | None) -> None:
     """The datetime rule for what an image carries (an upload's or an indexed file's EXIF): a date that
     leaves the calendar once in UTC is no date, and the item falls back to its mtime or the upload time."""
-    from indexer.storage.sql.taken import parse_exif_datetime, taken_from
+    from indexer.domain.taken import parse_exif_datetime, taken_from
 
     assert parse_exif_datetime(date, offset) is None
     assert taken_from(None, 1e13)[1] == "upload"  # an mtime in year 318857: no date either
@@ -557,7 +557,7 @@ def test_an_exif_date_out_of_the_calendar_is_no_date(date: str, offset: str | No
 @pytest.mark.parametrize("offset", ["+\u00b2\u00b2:00", "+1\u0663:00", "-\u00b9\u00b9:\u00b3\u00b3"])
 def test_an_exif_offset_in_other_digits_is_no_offset(offset: str) -> None:
     """The number rule for EXIF: an offset is ASCII digits (int() refuses ², takes ٣); else it is ignored."""
-    from indexer.storage.sql.taken import parse_exif_datetime
+    from indexer.domain.taken import parse_exif_datetime
 
     assert parse_exif_datetime("2020:01:01 00:00:00", offset) == parse_exif_datetime("2020:01:01 00:00:00", None)
 

@@ -4,10 +4,7 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -21,64 +18,8 @@ from fastapi.testclient import TestClient
 
 from api.config import Settings
 from retrieval.encoder import LocalEncoder
+from tests.support.cli_server import CliServer, env_for
 from tests.support.kserve_server import free_port, image_file, local_encoder
-
-STARTUP_S = 60
-
-
-class CliServer:
-    """`cnclip <command>` in a subprocess on a loopback port; output goes to a file (never a full pipe)."""
-
-    def __init__(self, args: list[str], env: dict[str, str], log: Path) -> None:
-        self.args, self.env, self.log = args, env, log
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self, ready_path: str = "/readyz") -> CliServer:
-        port = self.args[self.args.index("--port") + 1]
-        self.url = f"http://127.0.0.1:{port}"
-        with self.log.open("ab") as out:
-            self.process = subprocess.Popen(
-                [sys.executable, "-c", "from cli.main import main; main()", *self.args],
-                env=self.env,
-                stdout=out,
-                stderr=subprocess.STDOUT,
-            )
-        deadline = time.monotonic() + STARTUP_S
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"{self.args[0]} exited with {self.process.returncode}:\n{self.output()}")
-            try:
-                if httpx.get(self.url + ready_path, timeout=2).status_code == 200:
-                    return self
-            except httpx.TransportError:
-                pass
-            time.sleep(0.05)
-        raise RuntimeError(f"{self.args[0]} was not ready after {STARTUP_S} s:\n{self.output()}")
-
-    def output(self) -> str:
-        return self.log.read_text(encoding="utf-8", errors="replace")
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(sig)
-            try:
-                self.process.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait(timeout=10)
-
-
-def env_for(toy_model_dir: Path, data_dir: Path, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CNCLIP_")}
-    env.update(
-        CNCLIP_MODEL_DIR=str(toy_model_dir),
-        CNCLIP_DATA_DIR=str(data_dir),
-        CNCLIP_PROVIDER="cpu",
-        CNCLIP_PRECISION="fp32",
-        CNCLIP_BUCKETS="[1,4,8]",
-        **extra,
-    )
-    return env
 
 
 @pytest.fixture

@@ -10,8 +10,7 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, expect
 
-from tests.support.browser_fixtures import WIDTHS
-from tests.support.browser_support import PageLog, Server, open_page, run_server, screenshot
+from tests.support.browser_support import WIDTHS, PageLog, Server, open_page, run_server, screenshot
 
 pytestmark = pytest.mark.browser
 

@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 from playwright.sync_api import Browser, Page, Route, expect
 
-from indexer.domain.records import Catalog, NewImage
-from indexer.storage.sql.duplicate_rows import FileCopy
+from indexer.domain.duplicates import FileCopy
+from indexer.domain.records import NewImage
+from indexer.service.ports import Catalog
 from retrieval.fake import FakeEncoder
 from tests.support.browser_support import (
     PageLog,
@@ -23,20 +24,10 @@ from tests.support.browser_support import (
     run_server,
     screenshot,
 )
-from tests.support.indexer_helpers import service_for
+from tests.support.indexer_helpers import near, service_for, unit
 
 pytestmark = pytest.mark.browser
 SIMILAR_PAIRS = 9  # besides the trio: 12 groups in all, two pages of 10
-
-
-def unit(v: np.ndarray) -> np.ndarray:
-    return (v / np.linalg.norm(v, axis=-1, keepdims=True)).astype(np.float32)
-
-
-def near(base: np.ndarray, rng: np.random.Generator, cosine: float) -> np.ndarray:
-    noise = rng.standard_normal(base.shape)
-    noise -= np.dot(noise, base) * base
-    return unit(cosine * base + np.sqrt(1 - cosine**2) * unit(noise))
 
 
 def library(catalog: Catalog) -> None:
@@ -62,17 +53,17 @@ def library(catalog: Catalog) -> None:
     for p in range(SIMILAR_PAIRS):
         for k in range(2):
             picture((200, 150), int(rng.integers(-(2**63), 2**63 - 1)), near(base[3 + p], rng, 0.99), f"对{p}-{k}")
-    added = service.add_images("library", images, np.stack(vectors))
+    added = service.writes.add_images("library", images, np.stack(vectors))
     sha = catalog.get(added[0].id).sha256 or ""
     root = "/srv/photos"
-    service.record_copies("library", [FileCopy(sha, f"{root}/2019/副本.jpg", root, 1234, 1.6e9)])
+    service.duplicates.record_copies("library", [FileCopy(sha, f"{root}/2019/副本.jpg", root, 1234, 1.6e9)])
     # The vectors are made up, not the server's model's: store the calibration such a model would have
     # measured (threshold 0.93 between edits at 0.99 and other photos up to 0.87) instead of measuring noise.
     from indexer.service import duplicate_calibration as calibration
 
     state = catalog.collection("library")
     measured = calibration.decide(state, len(images), np.full(10, 0.99), np.linspace(0.3, 0.9, 10), 10)
-    calibration.save(catalog.engine, state.id, measured)  # type: ignore[attr-defined]
+    catalog.duplicates.save_calibration(state.id, measured)
 
 
 @pytest.fixture

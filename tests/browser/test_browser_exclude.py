@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from api.app import create_app
 from api.config import Settings
 from cli.main import build_cli
-from demo import dataset
+from demo import dataset, vocabulary
 from demo.gallery import GALLERY_SEED, GALLERY_SIZE, describe
 from retrieval.config import SHIPPED_MODEL_DIR
 from tests.support.browser_support import PageLog, open_page, screenshot
@@ -27,7 +27,7 @@ pytestmark = pytest.mark.browser
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[int, dataset.Attributes]]]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, dict[int, vocabulary.Attributes]]]:
     """A live server on the demo gallery, and item id -> the attributes the picture was drawn with."""
     data_dir = tmp_path_factory.mktemp("exclude-browser")
     env = {"CNCLIP_DATA_DIR": str(data_dir), "CNCLIP_PROVIDER": "cpu", "CNCLIP_MODEL_DIR": str(SHIPPED_MODEL_DIR)}

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 from playwright.sync_api import Browser, Page, expect
 
-from indexer.domain.records import Catalog
 from indexer.service.collections import CollectionService
 from indexer.service.migration import MigrateOptions
+from indexer.service.ports import Catalog
 from retrieval.fake import FakeEncoder
 from retrieval.preprocess import read_header
-from tests.cli.test_migrate import NewModel
 from tests.support.browser_support import PageLog, Server, open_page, run_server, screenshot
 from tests.support.indexer_helpers import jpeg
+from tests.support.next_model import NewModel
 
 pytestmark = pytest.mark.browser
 
@@ -33,9 +33,9 @@ def half_migrated(catalog: Catalog) -> None:
         service = CollectionService(catalog, encoder)
         service.create("library", "images")
         for n in range(4):
-            await service.add_upload("library", jpeg(n, (64, 48)), read_header(jpeg(n, (64, 48))))
+            await service.writes.add_upload("library", jpeg(n, (64, 48)), read_header(jpeg(n, (64, 48))))
         with pytest.raises(KeyboardInterrupt):
-            await service.migrate("library", NewModel(fail_after=1), MigrateOptions(batch=2))
+            await service.migration.migrate("library", NewModel(fail_after=1), MigrateOptions(batch=2))
 
     with ThreadPoolExecutor(1) as pool:  # Playwright's sync API runs an event loop in this thread
         pool.submit(asyncio.run, fill()).result()

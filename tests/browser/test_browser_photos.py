@@ -10,10 +10,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from playwright.sync_api import Browser, Page, expect
+from playwright.sync_api import Page, expect
 
 from tests.support.api_helpers import GALLERY
-from tests.support.browser_support import PageLog, Server, open_page, run_server, screenshot
+from tests.support.browser_support import Server, run_server, screenshot
 from tests.support.photo_fixtures import avif_bytes, exif_bytes, heic_bytes, picture
 
 pytestmark = pytest.mark.browser
@@ -33,15 +33,6 @@ def server(tmp_path_factory: pytest.TempPathFactory, toy_model_dir: Path) -> Ite
                 )
                 assert r.status_code == 201, r.text
         yield running
-
-
-@pytest.fixture
-def page(browser: Browser, server: Server, width: int, log: PageLog) -> Iterator[Page]:
-    pg = open_page(browser, server.base + "/", width, log)
-    expect(pg.locator("#collection option")).not_to_have_count(0)
-    yield pg
-    pg.context.close()
-    log.assert_clean()
 
 
 LOADED = "imgs => imgs.map(i => [i.closest('.card').textContent, i.complete && i.naturalWidth > 0])"

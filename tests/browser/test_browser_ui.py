@@ -13,14 +13,13 @@ from pathlib import Path
 
 import pytest
 from PIL import Image
-from playwright.sync_api import Browser, Page, Route, expect
+from playwright.sync_api import Page, Route, expect
 
 from tests.support.api_helpers import GALLERY, image_bytes
 from tests.support.browser_support import (
     PageLog,
     Server,
     gallery_image,
-    open_page,
     run_server,
     screenshot,
 )
@@ -32,15 +31,6 @@ CJK = re.compile(r"[\u4e00-\u9fff]")
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory, toy_model_dir: Path) -> Iterator[Server]:
     yield from run_server(tmp_path_factory.mktemp("browser-ui"), toy_model_dir)
-
-
-@pytest.fixture
-def page(browser: Browser, server: Server, width: int, log: PageLog) -> Iterator[Page]:
-    pg = open_page(browser, server.base + "/", width, log)
-    expect(pg.locator("#collection option")).not_to_have_count(0)
-    yield pg
-    pg.context.close()
-    log.assert_clean()
 
 
 def visible_cards(page: Page) -> list[str]:

@@ -22,9 +22,9 @@ def test_another_models_collection_is_refused_naming_the_settings_not_a_server(t
         old = service_for(catalog, FakeEncoder(dim=DIM, model_id="old@0123456789ab"))
         new = service_for(catalog, FakeEncoder(dim=DIM, model_id="new@ba9876543210"))
         old.create("photos", "images")
-        old.add_images("photos", [NewImage(data=jpeg(1))], random_unit(1, DIM))
+        old.writes.add_images("photos", [NewImage(data=jpeg(1))], random_unit(1, DIM))
         with pytest.raises(InvalidInput) as refused:
-            new.search("photos", "images", random_unit(1, DIM)[0], PageRequest(k=5))
+            new.search.vector("photos", "images", random_unit(1, DIM)[0], PageRequest(k=5))
     finally:
         catalog.close()
     message = refused.value.message

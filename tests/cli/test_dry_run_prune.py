@@ -5,24 +5,14 @@ with the real run's planner (indexer/bulk/moves.py `settle_moves`, `prunable`), 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from indexer.bulk.pipeline import ImageIndexer, IndexSummary
 from indexer.storage.catalog import SqlCatalog
 from retrieval.fake import FakeEncoder
-from tests.support.indexer_helpers import jpeg, open_test_catalog, service_for
+from tests.support.indexer_helpers import jpeg, service_for
 
 DIM = 16
-
-
-@pytest.fixture
-def catalog(tmp_path: Path, database_url: str) -> Iterator[SqlCatalog]:
-    opened = open_test_catalog(tmp_path / "data", database_url)
-    yield opened
-    opened.close()
 
 
 def run(catalog: SqlCatalog, folder: Path, **kwargs: bool) -> IndexSummary:

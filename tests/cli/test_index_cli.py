@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +21,7 @@ from tests.support.indexer_helpers import (
     faiss_file,
     jpeg,
     open_test_catalog,
+    run_cnclip,
     start_cli,
     wait_for_items,
     write_images,
@@ -168,17 +167,6 @@ def test_ctrl_c_stops_cleanly_and_a_rerun_resumes(tmp_path: Path, database_url: 
     engine.dispose()
 
 
-def run_cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    """`cnclip ARGS` in a fresh process, stdout and stderr apart (what a shell user sees on each)."""
-    return subprocess.run(
-        [sys.executable, "-c", "from cli.main import main; main()", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-
-
 def test_commands_print_no_chatter_on_stderr_unless_verbose(tmp_path: Path, toy_model_dir: Path) -> None:
     """`search` and `stats` print their answer, not the encoder's start-up lines or a store caught up
     from SQL; the global `-v` brings those lines back (they are hidden, not lost)."""
@@ -193,17 +181,17 @@ def test_commands_print_no_chatter_on_stderr_unless_verbose(tmp_path: Path, toy_
     assert invoke(["index", str(tmp_path / "more"), "-c", "photos"], env).exit_code == 0
 
     file.write_bytes(stale)
-    quiet = run_cli(["stats"], env)
+    quiet = run_cnclip(["stats"], env)
     assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
     assert quiet.stdout.splitlines()[1].split()[:4] == ["photos", "images", "5", "5"]
     file.write_bytes(stale)
-    loud = run_cli(["-v", "stats"], env)
+    loud = run_cnclip(["-v", "stats"], env)
     assert loud.returncode == 0 and "vector store caught up from SQL: 2 added" in loud.stderr
 
-    found = run_cli(["search", "红色的花", "-c", "photos", "-k", "2"], env)
+    found = run_cnclip(["search", "红色的花", "-c", "photos", "-k", "2"], env)
     assert found.returncode == 0 and found.stderr == "", found.stderr
     assert len(found.stdout.splitlines()) == 3  # two results and the summary line
-    told = run_cli(["-v", "search", "红色的花", "-c", "photos", "-k", "2"], env)
+    told = run_cnclip(["-v", "search", "红色的花", "-c", "photos", "-k", "2"], env)
     assert told.returncode == 0 and "ready in" in told.stderr and told.stdout == found.stdout
 
 

@@ -10,10 +10,8 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
-import numpy as np
 import pytest
 from typer.testing import CliRunner, Result
 
@@ -25,30 +23,13 @@ from indexer.service.collections import CollectionService
 from indexer.service.migration import MigrateOptions
 from indexer.storage.catalog import SqlCatalog
 from retrieval.errors import InvalidInput, NotFound
-from retrieval.fake import FakeEncoder, _unit_vector
-from retrieval.toy_model import write_toy_model
-from tests.conftest import EngineUnderTest
+from retrieval.fake import FakeEncoder
+from retrieval.toolchain.toy_model import write_toy_model
+from tests.support.engines import EngineUnderTest
 from tests.support.indexer_helpers import catalog_settings, cli_env, jpeg, open_test_catalog, write_images
+from tests.support.next_model import NewModel
 
 ENGINES = ["faiss", "milvus-lite"]
-
-
-class NewModel(FakeEncoder):
-    """Another model: other vectors for the same bytes (a salt), possibly another dimension."""
-
-    def __init__(self, dim: int = 16, model_id: str = "fake-next", fail_after: int | None = None) -> None:
-        super().__init__(dim=dim, model_id=model_id)
-        self.fail_after = fail_after  # image batches before it raises (an interrupted run)
-
-    def embed_images_sync(self, images: Sequence[bytes]) -> np.ndarray:
-        if self.fail_after is not None:
-            if self.fail_after == 0:
-                raise KeyboardInterrupt("killed")
-            self.fail_after -= 1
-        return np.stack([_unit_vector(b"next" + data, self.dim) for data in images]).reshape(-1, self.dim)
-
-    def embed_texts_sync(self, texts: Sequence[str]) -> np.ndarray:
-        return np.stack([_unit_vector(b"next-t" + t.encode(), self.dim) for t in texts]).reshape(-1, self.dim)
 
 
 def _catalog(tmp_path: Path, database_url: str, engine: str) -> SqlCatalog:
@@ -61,7 +42,9 @@ async def _filled(catalog: SqlCatalog, count: int, first: int = 0) -> tuple[Coll
     service = CollectionService(catalog, old)
     if first == 0:
         service.create("photos", "images")
-    ids = [(await service.add_upload("photos", jpeg(first + n), _header(jpeg(first + n)))).id for n in range(count)]
+    ids = [
+        (await service.writes.add_upload("photos", jpeg(first + n), _header(jpeg(first + n)))).id for n in range(count)
+    ]
     return service, ids
 
 
@@ -78,44 +61,44 @@ def test_shadow_fill_swap_rollback_and_drop_old(tmp_path: Path, database_url: st
         try:
             service, ids = await _filled(catalog, 10)
             new = NewModel()
-            report = await service.migrate("photos", new, MigrateOptions(batch=4, swap=False))
+            report = await service.migration.migrate("photos", new, MigrateOptions(batch=4, swap=False))
             assert (report.embedded, report.swapped) == (10, False)
-            status = service.migration_status("photos")
+            status = service.migration.status("photos")
             assert (status.items, status.shadow.vectors, status.coverage) == (10, 10, 1.0)  # type: ignore[union-attr]
             # Searches still use the active (old) model while the shadow is full.
-            page = await service.search_image(jpeg(3), "photos", "images", PageRequest(k=1))
+            page = await service.search.image(jpeg(3), "photos", "images", PageRequest(k=1))
             assert page.results[0].item.id == ids[3] and page.results[0].score == pytest.approx(1.0, abs=1e-5)
             # An item added meanwhile (the old model writes) has no shadow vector: the swap refuses.
-            extra = await service.add_upload("photos", jpeg(99), _header(jpeg(99)))
+            extra = await service.writes.add_upload("photos", jpeg(99), _header(jpeg(99)))
             with pytest.raises(MigrationRefused, match="1 items have no fake-next vector"):
-                service.swap("photos")
+                service.migration.swap("photos")
             # The run catches it up, probes, builds the new generation's store and swaps.
             both = CollectionService(catalog, service.encoder, encoders=[new])
-            report = await both.migrate("photos", new, MigrateOptions(batch=4))
+            report = await both.migration.migrate("photos", new, MigrateOptions(batch=4))
             assert (report.embedded, report.swapped, report.prepared) == (1, True, True)
             assert report.probe is not None and report.probe.passed and report.probe.found_self == report.probe.sampled
             state = catalog.collection("photos")
             assert (state.model, state.dim, state.generation) == ("fake-next", 16, 1)
             assert catalog.get_collection("photos").model == "fake-next"
-            page = await both.search_image(jpeg(99), "photos", "images", PageRequest(k=1))
+            page = await both.search.image(jpeg(99), "photos", "images", PageRequest(k=1))
             assert page.results[0].item.id == extra.id and page.results[0].score == pytest.approx(1.0, abs=1e-5)
             assert catalog.store("photos").state.generation == 1 and catalog.vector_count("photos") == 11
             assert catalog.vector(ids[0]).shape == (16,)
             # Rollback: the previous generation (every item has an old vector) answers again.
-            status = both.migration_status("photos")
+            status = both.migration.status("photos")
             assert status.previous is not None and (status.previous.model, status.previous.vectors) == ("fake", 11)
-            both.rollback("photos")
+            both.migration.rollback("photos")
             assert (catalog.collection("photos").model, catalog.collection("photos").dim) == ("fake", 32)
-            page = await both.search_image(jpeg(5), "photos", "images", PageRequest(k=1))
+            page = await both.search.image(jpeg(5), "photos", "images", PageRequest(k=1))
             assert page.results[0].item.id == ids[5]
             # Forward again (the rolled-back generation is the previous one now), then drop the old one.
-            both.rollback("photos")
+            both.migration.rollback("photos")
             assert catalog.collection("photos").model == "fake-next"
-            dropped = both.drop_generation("photos", "previous")
+            dropped = both.migration.drop_generation("photos", "previous")
             assert dropped.model == "fake"
-            assert both.migration_status("photos").previous is None
+            assert both.migration.status("photos").previous is None
             with pytest.raises(MigrationRefused, match="no previous generation"):
-                both.rollback("photos")
+                both.migration.rollback("photos")
             # A deleted item takes its vectors of every generation with it.
             both.delete_items([ids[0]])
             assert catalog.vector_count("photos") == 10
@@ -131,13 +114,15 @@ def test_an_interrupted_run_resumes_where_it_stopped(tmp_path: Path, database_ur
         try:
             service, _ids = await _filled(catalog, 9)
             with pytest.raises(KeyboardInterrupt):
-                await service.migrate("photos", NewModel(fail_after=2), MigrateOptions(batch=2))
-            status = service.migration_status("photos")
+                await service.migration.migrate("photos", NewModel(fail_after=2), MigrateOptions(batch=2))
+            status = service.migration.status("photos")
             assert status.shadow is not None and (status.shadow.vectors, status.missing) == (4, 5)
             assert catalog.collection("photos").model == "fake"  # nothing swapped
             new = NewModel()
             seen: list[tuple[int, int]] = []
-            report = await service.migrate("photos", new, MigrateOptions(batch=2), lambda d, t: seen.append((d, t)))
+            report = await service.migration.migrate(
+                "photos", new, MigrateOptions(batch=2), lambda d, t: seen.append((d, t))
+            )
             assert report.embedded == 5 and report.swapped  # only what was missing
             assert seen[0] == (6, 9) and seen[-1] == (9, 9)
             assert catalog.collection("photos").model == "fake-next"
@@ -160,14 +145,14 @@ def test_searches_under_load_never_fail_during_migration_and_swap(tmp_path: Path
 
             async def searcher(seed: int) -> None:
                 while not done.is_set():
-                    page = await server.search_image(jpeg(seed % 24), "photos", "images", PageRequest(k=3))
+                    page = await server.search.image(jpeg(seed % 24), "photos", "images", PageRequest(k=3))
                     assert page.results[0].item.id == ids[seed % 24]  # right answer, whatever the generation
                     answers.append(page.results[0].item.id)
                     seed += 1
                     await asyncio.sleep(0)
 
             tasks = [asyncio.create_task(searcher(s)) for s in range(4)]
-            report = await server.migrate("photos", new, MigrateOptions(batch=3))
+            report = await server.migration.migrate("photos", new, MigrateOptions(batch=3))
             await asyncio.sleep(0.05)
             done.set()
             await asyncio.gather(*tasks)  # any failed search raises here
@@ -200,7 +185,7 @@ def test_another_process_sees_the_swap(tmp_path: Path, database_url: str) -> Non
         catalog = _catalog(tmp_path, database_url, "faiss")
         try:
             service, _ = await _filled(catalog, 6)
-            await service.migrate("photos", NewModel(), MigrateOptions(swap=False))
+            await service.migration.migrate("photos", NewModel(), MigrateOptions(swap=False))
         finally:
             catalog.close()
 
@@ -214,7 +199,7 @@ def test_another_process_sees_the_swap(tmp_path: Path, database_url: str) -> Non
     assert before == {"model": "fake", "store_generation": 0, "hits": 3}
     catalog = _catalog(tmp_path, database_url, "faiss")
     try:
-        CollectionService(catalog, None).swap("photos")
+        CollectionService(catalog, None).migration.swap("photos")
     finally:
         catalog.close()
     other.stdin.write("\n")
@@ -234,11 +219,11 @@ def test_migration_on_the_milvus_server(tmp_path: Path, milvus_server_uri: str) 
             service, ids = await _filled(catalog, 5)
             new = NewModel()
             both = CollectionService(catalog, service.encoder, encoders=[new])
-            report = await both.migrate("photos", new, MigrateOptions())
+            report = await both.migration.migrate("photos", new, MigrateOptions())
             assert report.swapped and report.prepared
-            page = await both.search_image(jpeg(2), "photos", "images", PageRequest(k=1))
+            page = await both.search.image(jpeg(2), "photos", "images", PageRequest(k=1))
             assert page.results[0].item.id == ids[2]
-            both.drop_generation("photos", "previous")
+            both.migration.drop_generation("photos", "previous")
         finally:
             catalog.close()
 
@@ -288,14 +273,14 @@ def test_a_model_whose_dimension_cannot_serve_the_index_is_refused(tmp_path: Pat
             service = CollectionService(catalog, FakeEncoder())
             service.create("codes", "images", "IVF1,PQ8")
             with pytest.raises(InvalidInput, match="IVF1,PQ8.*12-d"):
-                await service.migrate("codes", NewModel(dim=12), MigrateOptions())
+                await service.migration.migrate("codes", NewModel(dim=12), MigrateOptions())
             with pytest.raises(InvalidInput, match="embedded with fake already"):
-                await service.migrate("codes", FakeEncoder(), MigrateOptions())
+                await service.migration.migrate("codes", FakeEncoder(), MigrateOptions())
             with pytest.raises(NotFound):
-                service.migration_status("missing")
-            await service.migrate("codes", NewModel(dim=16, model_id="a"), MigrateOptions(swap=False))
+                service.migration.status("missing")
+            await service.migration.migrate("codes", NewModel(dim=16, model_id="a"), MigrateOptions(swap=False))
             with pytest.raises(MigrationRefused, match="migrating to a already"):
-                await service.migrate("codes", NewModel(dim=16, model_id="b"), MigrateOptions())
+                await service.migration.migrate("codes", NewModel(dim=16, model_id="b"), MigrateOptions())
         finally:
             catalog.close()
 
@@ -356,15 +341,15 @@ def test_a_text_collection_migrates_and_the_throttle_holds(tmp_path: Path, datab
             service = CollectionService(catalog, old)
             service.create("captions", "texts")
             texts = [NewText(f"第{n}句话") for n in range(8)]
-            added = await service.add_text_items("captions", texts)
+            added = await service.writes.add_text_items("captions", texts)
             new = NewModel(dim=24)
             both = CollectionService(catalog, old, encoders=[new])
             started = time.perf_counter()
-            report = await both.migrate("captions", new, MigrateOptions(batch=2, throttle=20.0))
+            report = await both.migration.migrate("captions", new, MigrateOptions(batch=2, throttle=20.0))
             took = time.perf_counter() - started
             assert report.swapped and report.embedded == 8 and took >= 8 / 20.0 - 0.05  # at most 20 items/s
             assert report.probe is not None and report.probe.text_hits == -1 and report.probe.passed
-            page = await both.search_image(jpeg(1), "captions", "texts", PageRequest(k=8))
+            page = await both.search.image(jpeg(1), "captions", "texts", PageRequest(k=8))
             assert len(page.results) == 8 and catalog.vector(added[3].id).shape == (24,)
             assert catalog.vector(added[3].id) == pytest.approx(new.embed_texts_sync(["第3句话"])[0], abs=1e-6)
         finally:
@@ -380,12 +365,12 @@ def test_two_runs_at_once_share_one_shadow_and_swap_once(tmp_path: Path, databas
             service, ids = await _filled(catalog, 10)
             first, second = NewModel(), NewModel()
             reports = await asyncio.gather(
-                service.migrate("photos", first, MigrateOptions(batch=1)),
-                service.migrate("photos", second, MigrateOptions(batch=1)),
+                service.migration.migrate("photos", first, MigrateOptions(batch=1)),
+                service.migration.migrate("photos", second, MigrateOptions(batch=1)),
             )
             assert sorted(r.swapped for r in reports) == [False, True]
             assert sum(r.embedded for r in reports) == 10  # no item embedded into the shadow twice
-            status = service.migration_status("photos")
+            status = service.migration.status("photos")
             assert (status.active.model, status.active.vectors, status.shadow) == ("fake-next", 10, None)
             assert catalog.vector_count("photos") == 10
         finally:

@@ -17,7 +17,7 @@ from cli.main import build_cli
 from retrieval.manifest import ModelManifest
 from retrieval.toolchain.convert import pull
 from retrieval.toolchain.convert.checkpoint import load_checkpoint
-from tests.retrieval.test_convert_model import TINY_VIT, official_checkpoint, reference_model
+from tests.support.cnclip_models import TINY_VIT, official_checkpoint, reference_model
 
 runner = CliRunner()
 FILE_PATH = "/OFA-Sys/chinese-clip-vit-base-patch16/resolve/main/clip_cn_vit-b-16.pt"

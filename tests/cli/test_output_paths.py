@@ -64,10 +64,10 @@ def test_file_outputs_are_checked_before_the_work(
 ) -> None:
     import cli.indexing
     import retrieval.toolchain.bench
-    import retrieval.tune_report
+    import retrieval.toolchain.tune.report
 
     target = places[case]
-    monkeypatch.setattr(retrieval.tune_report, "run_tune", never)
+    monkeypatch.setattr(retrieval.toolchain.tune.report, "run_tune", never)
     monkeypatch.setattr(retrieval.toolchain.bench, "run_sweep", never)
     monkeypatch.setattr(cli.indexing, "storage_settings", never)
     model = str(toy_model_dir)
@@ -114,9 +114,9 @@ def test_folder_outputs_are_checked_before_the_work(
 def test_tune_to_a_missing_folder_fails_at_once_not_after_measuring(
     toy_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import retrieval.tune_report
+    import retrieval.toolchain.tune.report
 
-    monkeypatch.setattr(retrieval.tune_report, "run_tune", never)
+    monkeypatch.setattr(retrieval.toolchain.tune.report, "run_tune", never)
     code, output = run("tune", "--model", str(toy_model_dir), "--out", str(tmp_path / "missing/dir/tuning.json"))
     assert code == 2 and f"the folder {tmp_path / 'missing/dir'} does not exist" in " ".join(output.split())
 

@@ -1,19 +1,18 @@
 """The architecture, checked: dependencies point one way (cli → demo → api → indexer → retrieval; nothing
 imports cli), also for imports made by string (`importlib.import_module("x")`, `__import__`); serving
-never imports torch; typer and rich live in cli/ only; routes, commands, the demo and the indexing
-pipeline reach storage only through the collection service; nothing outside the registries
+never imports torch; typer and rich live in cli/ only; the layers inside indexer/ and the absence of
+import circles are tests/contract/test_layers.py's; nothing outside the registries
 branches on an engine's, backend's, device's or provider's name; the runtime core of retrieval/ never imports its toolchain; modules and
 functions stay short. Every rule has a test that shows its checker catching a sample."""
 
 from __future__ import annotations
 
 import ast
-import re
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.import_reading import ROOT, imported_modules, imported_paths, python_files, rel
 
 # package -> top-level modules it must never import
 CLI_ONLY = {"cli", "typer", "rich"}  # the command line, and the libraries only it uses
@@ -26,30 +25,8 @@ FORBIDDEN = {
     "migrations": {"api", "demo"} | CLI_ONLY,
     "web": CLI_ONLY,
 }
-# A string literal that names a module, in a file that imports by string, counts as an import of it.
-_MODULE_NAME = re.compile(r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$")
-_IMPORTS_BY_STRING = ("import_module", "__import__", "find_spec", "import_string")
 # Conversion and training are the only places torch may live.
 TORCH_ALLOWED = ("retrieval/toolchain/convert/",)
-
-
-def imported_modules(path: Path) -> set[str]:
-    """Top-level modules a file imports: by statement, and by string when it imports by string at all
-    (every module-like string literal then counts, so a name kept in a tuple is caught too)."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    names: set[str] = set()
-    strings: set[str] = set()
-    by_string = False
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            names.add(node.module.split(".")[0])
-        elif isinstance(node, ast.Name | ast.Attribute):
-            by_string |= (node.id if isinstance(node, ast.Name) else node.attr) in _IMPORTS_BY_STRING
-        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and _MODULE_NAME.match(node.value):
-            strings.add(node.value.split(".")[0])
-    return names | strings if by_string else names
 
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
@@ -88,87 +65,19 @@ def test_checker_sees_imports_made_by_string(tmp_path: Path) -> None:
 
 
 # --- full module paths ------------------------------------------------------------------------------
-def imported_paths(path: Path) -> set[str]:
-    """Full dotted modules a file imports (`from indexer import catalog` is `indexer.storage.catalog`), by
-    statement anywhere in it (inside functions too) and by string, as `imported_modules` counts them."""
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    paths: set[str] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            paths.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            paths.add(node.module)
-            paths.update(f"{node.module}.{alias.name}" for alias in node.names)
-    if imported_modules(path) - {p.split(".")[0] for p in paths}:  # imports by string: every module-like literal
-        paths.update(
-            node.value
-            for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and _MODULE_NAME.match(node.value)
-        )
-    return paths
-
-
-def _python_files(*roots: str) -> list[Path]:
-    return sorted(p for root in roots for p in (ROOT / root).rglob("*.py") if "versions" not in p.parts)
-
-
-def _rel(path: Path) -> str:
-    return path.relative_to(ROOT).as_posix()
-
-
 def test_checker_sees_full_module_paths(tmp_path: Path) -> None:
     sample = tmp_path / "route.py"
-    sample.write_text("def f():\n    from indexer import catalog\n    from indexer.storage.sql.rows import ItemRows\n")
+    sample.write_text(
+        "def f():\n    from indexer.storage import catalog\n    from indexer.storage.sql.rows import ItemRows\n"
+    )
     assert {"indexer.storage.catalog", "indexer.storage.sql.rows"} <= imported_paths(sample)
     by_string = tmp_path / "s.py"
     by_string.write_text("import importlib\nimportlib.import_module('indexer.storage.vectors.faiss.store')\n")
     assert "indexer.storage.vectors.faiss.store" in imported_paths(by_string)
 
 
-# --- one door to storage ------------------------------------------------------------------------------
-# The storage modules: only the collection service, the runtime that builds it and the storage layer
-# itself may import them. Routes, commands, the demo and the bulk indexer's own modules call the service.
-STORAGE = {
-    f"indexer.{name}"
-    for name in (
-        "catalog", "rows", "engines", "faiss_store", "milvus_store", "milvus_plan", "sync", "store_pool",
-        "vector_index", "vector_store", "db", "models", "media", "media_check", "media_sweep", "thumbnails",
-        "row_inserts",
-    )
-}  # fmt: skip
-THROUGH_THE_SERVICE = (
-    "api/", "cli/", "demo/", "indexer/bulk/pipeline.py", "indexer/bulk/texts.py", "indexer/bulk/routing.py", "indexer/watch",
-    "indexer/watch/debounce.py",
-)  # fmt: skip
-
-
-def storage_reached_around_the_service(path: Path) -> set[str]:
-    """The storage modules a file imports (from `STORAGE`, also by importing something out of one)."""
-    return {s for p in imported_paths(path) for s in STORAGE if p == s or p.startswith(s + ".")}
-
-
-def test_routes_commands_and_the_pipeline_reach_storage_only_through_the_service() -> None:
-    offenders = [
-        f"{_rel(path)}: {', '.join(sorted(bad))}"
-        for path in _python_files("api", "cli", "demo", "indexer")
-        if _rel(path).startswith(THROUGH_THE_SERVICE) and (bad := storage_reached_around_the_service(path))
-    ]
-    assert not offenders, "storage reached around the collection service:\n" + "\n".join(offenders)
-
-
-def test_checker_sees_storage_reached_around_the_service(tmp_path: Path) -> None:
-    sample = tmp_path / "items.py"
-    sample.write_text(
-        "from indexer.service.collections import CollectionService\n"
-        "from indexer.storage.media.check import read_media\n"
-        "def route():\n    from indexer import catalog\n"
-    )
-    assert storage_reached_around_the_service(sample) == {"indexer.storage.media.check", "indexer.storage.catalog"}
-    door = tmp_path / "ok.py"
-    door.write_text(
-        "from indexer.service.collections import CollectionService\nfrom indexer.runtime import open_runtime\n"
-    )
-    assert storage_reached_around_the_service(door) == set()
+# What calls the collection service and never the catalog behind it.
+THROUGH_THE_SERVICE = ("api/", "cli/", "demo/", "indexer/bulk/", "indexer/watch/")
 
 
 def catalog_reach_through(path: Path) -> list[int]:
@@ -180,9 +89,9 @@ def catalog_reach_through(path: Path) -> list[int]:
 
 def test_no_reach_through_the_service_to_the_catalog() -> None:
     offenders = [
-        f"{_rel(path)}: lines {lines}"
-        for path in _python_files("api", "cli", "demo", "indexer")
-        if _rel(path).startswith(THROUGH_THE_SERVICE) and (lines := catalog_reach_through(path))
+        f"{rel(path)}: lines {lines}"
+        for path in python_files("api", "cli", "demo", "indexer")
+        if rel(path).startswith(THROUGH_THE_SERVICE) and (lines := catalog_reach_through(path))
     ]
     assert not offenders, "the catalog reached behind the service:\n" + "\n".join(offenders)
 
@@ -196,7 +105,7 @@ def test_checker_sees_a_reach_through(tmp_path: Path) -> None:
 # --- engines are chosen in the registry only ------------------------------------------------------------
 # The registry and the engines' own modules may name engines; nothing else branches on a name.
 ENGINE_MODULES = (
-    "indexer/storage/vectors/registry.py",
+    "indexer/engines.py",
     "indexer/storage/vectors/faiss/store.py",
     "indexer/storage/vectors/milvus/store.py",
     "indexer/storage/vectors/milvus/plan.py",
@@ -235,14 +144,14 @@ def engine_name_branches(path: Path, names: set[str]) -> list[int]:
 
 
 def test_nothing_outside_the_registry_branches_on_an_engine_name() -> None:
-    from indexer.storage.vectors.registry import ENGINES
+    from indexer.engines import ENGINES
 
     offenders = [
-        f"{_rel(path)}: lines {lines}"
-        for path in _python_files("api", "cli", "demo", "indexer", "retrieval")
-        if _rel(path) not in ENGINE_MODULES and (lines := engine_name_branches(path, set(ENGINES)))
+        f"{rel(path)}: lines {lines}"
+        for path in python_files("api", "cli", "demo", "indexer", "retrieval")
+        if rel(path) not in ENGINE_MODULES and (lines := engine_name_branches(path, set(ENGINES)))
     ]
-    assert not offenders, "engine chosen by name outside indexer/storage/vectors/registry.py:\n" + "\n".join(offenders)
+    assert not offenders, "engine chosen by name outside indexer/engines.py:\n" + "\n".join(offenders)
 
 
 def test_checker_sees_a_branch_on_an_engine_name(tmp_path: Path) -> None:
@@ -258,7 +167,7 @@ def test_checker_sees_a_branch_on_an_engine_name(tmp_path: Path) -> None:
 
 
 # --- engines, backends, devices and providers are chosen in their registries only --------------------------
-# The registries and their records' own modules may name what they register: indexer/storage/vectors/registry.py and the
+# The registries and their records' own modules may name what they register: indexer/engines.py and the
 # engine modules, retrieval/backends/ (the runtime backends and ONNX Runtime's providers) and the Triton
 # export backends. Everything else asks a record (`record.on_host`, `backend.triton_kind(device)`, …).
 REGISTRY_MODULES = (*ENGINE_MODULES, "retrieval/backends/", "retrieval/toolchain/triton/backends.py")
@@ -270,6 +179,7 @@ NOT_A_BRANCH = {
     ("benchmarks/bench_engines.py", "faiss"): "the benchmark's own matrix (faiss, milvus-lite, milvus-server)",
     ("benchmarks/bench_engines.py", "milvus"): "the same matrix: it builds each engine it compares itself",
     ("benchmarks/load_test.py", "faiss"): "a load-test mode that searches a bare FAISS index",
+    ("indexer/bulk/cluster/ray_session.py", "NPU"): "Ray's resource name for Ascend NPUs (`ray start --resources`)",
 }
 # Not checked here, on purpose: the settings' pydantic `Literal` choices (CNCLIP_PROVIDER, CNCLIP_BACKEND)
 # and export.py's `Backend` are declarations for the settings table and type checkers, not branches;
@@ -279,7 +189,7 @@ NOT_A_BRANCH = {
 def registered_names() -> set[str]:
     """Every name a registry holds: engines, runtime backends and their devices, ONNX Runtime's providers
     (our names and its own), Triton export backends. A record added to a registry is checked at once."""
-    from indexer.storage.vectors.registry import ENGINES
+    from indexer.engines import ENGINES
     from retrieval.backends import BACKENDS
     from retrieval.backends.ort_providers import PROVIDERS
     from retrieval.toolchain.triton.backends import TRITON_BACKENDS
@@ -301,7 +211,7 @@ def registry_name_offenders(files: list[tuple[str, str]], names: set[str]) -> li
 
 
 def test_nothing_outside_the_registries_branches_on_an_engine_backend_or_provider_name() -> None:
-    files = [(_rel(path), path.read_text(encoding="utf-8")) for path in _python_files(*SCANNED)]
+    files = [(rel(path), path.read_text(encoding="utf-8")) for path in python_files(*SCANNED)]
     names = registered_names()
     offenders = registry_name_offenders(files, names)
     assert not offenders, "chosen by name outside the registries (ask the record):\n" + "\n".join(offenders)
@@ -363,9 +273,9 @@ def toolchain_imports(path: Path) -> set[str]:
 
 def test_the_runtime_core_never_imports_the_toolchain() -> None:
     offenders = [
-        f"{_rel(path)}: {', '.join(sorted(bad))}"
-        for path in _python_files("retrieval")
-        if not _rel(path).startswith("retrieval/toolchain/") and (bad := toolchain_imports(path))
+        f"{rel(path)}: {', '.join(sorted(bad))}"
+        for path in python_files("retrieval")
+        if not rel(path).startswith("retrieval/toolchain/") and (bad := toolchain_imports(path))
     ]
     assert not offenders, "the runtime core imports the toolchain:\n" + "\n".join(offenders)
 
@@ -398,7 +308,7 @@ def too_long(path: Path) -> list[str]:
 
 
 def test_modules_and_functions_are_short() -> None:
-    offenders = [f"{_rel(path)}: {', '.join(found)}" for path in _python_files(*SIZED) if (found := too_long(path))]
+    offenders = [f"{rel(path)}: {', '.join(found)}" for path in python_files(*SIZED) if (found := too_long(path))]
     assert not offenders, "split these by responsibility:\n" + "\n".join(offenders)
 
 

@@ -5,21 +5,9 @@ api/openapi.py's table, errors use the project's schema, and the API key is a se
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import Any
 
-from api.app import create_app
-from api.config import Settings
 from api.openapi import ROUTES
-from retrieval.fake import FakeEncoder
-
-SNAPSHOT = Path(__file__).resolve().parents[1] / "snapshots" / "openapi.json"
-
-
-def current_document() -> dict[str, Any]:
-    """The document of an app with default settings (the document does not depend on them)."""
-    settings = Settings(_env_file=None, data_dir=Path("/nonexistent"))
-    return create_app(settings, encoder=FakeEncoder(), catalog=object()).openapi()  # type: ignore[arg-type]
+from tests.support.openapi_document import SNAPSHOT, current_document
 
 
 def test_the_document_matches_the_snapshot() -> None:

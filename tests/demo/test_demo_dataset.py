@@ -7,7 +7,7 @@ import random
 import numpy as np
 import pytest
 
-from demo import dataset
+from demo import dataset, vocabulary
 from retrieval.tokenizer import default_tokenizer
 
 
@@ -26,7 +26,7 @@ def test_pictures_are_224_rgb_and_show_the_object_colour() -> None:
         img = s.image()
         assert img.size == (224, 224) and img.mode == "RGB"
         pixels = np.asarray(img).reshape(-1, 3).astype(int)
-        target = np.array(dataset.COLOURS[s.attributes.colour])
+        target = np.array(vocabulary.COLOURS[s.attributes.colour])
         # Some pixels are within the jitter of the object's colour (it was drawn, and not hidden).
         assert (np.abs(pixels - target).max(axis=1) <= 12).sum() > 100, s.attributes
 
@@ -37,7 +37,7 @@ def test_single_objects_sit_where_the_position_says() -> None:
         if a.count != 1 or a.position == "中间":
             continue
         pixels = np.asarray(s.image()).astype(int)
-        mask = np.abs(pixels - np.array(dataset.COLOURS[a.colour])).max(axis=2) <= 12
+        mask = np.abs(pixels - np.array(vocabulary.COLOURS[a.colour])).max(axis=2) <= 12
         ys, xs = np.nonzero(mask)
         cx, cy = xs.mean() / 224, ys.mean() / 224
         expected = {"左边": cx < 0.4, "右边": cx > 0.6, "上面": cy < 0.4, "下面": cy > 0.6}
@@ -76,13 +76,13 @@ def test_heldout_templates_are_phrased_differently() -> None:
 
 
 def test_caption_names_exactly_what_it_says() -> None:
-    a = dataset.Attributes("星形", "红色", 2, "小", None, "绿色", "条纹")
+    a = vocabulary.Attributes("星形", "红色", 2, "小", None, "绿色", "条纹")
     rng = random.Random(0)
     cap = dataset.fill(dataset.TRAIN_TEMPLATES[2], a, rng)
     assert cap.text in {"绿色背景上的红色星形", "绿色背景上的红色星星", "绿色背景上的红色五角星"}
     assert cap.named == {"background": "绿色", "colour": "红色", "shape": "星形"}
     assert a.matches(cap.named)
-    assert not dataset.Attributes("星形", "蓝色", 2, "小", None, "绿色", "条纹").matches(cap.named)
+    assert not vocabulary.Attributes("星形", "蓝色", 2, "小", None, "绿色", "条纹").matches(cap.named)
     # "两颗…星星": the measure word follows the noun.
     assert dataset.fill(dataset.Template("{n}{c}的{s}", ("count", "colour", "shape")), a, random.Random(1)).text in {
         "两个红色的星形",
@@ -93,7 +93,7 @@ def test_caption_names_exactly_what_it_says() -> None:
 
 def test_position_templates_only_for_single_objects() -> None:
     rng = random.Random(0)
-    many = dataset.Attributes("圆形", "蓝色", 3, "大", None, "白色", "纯色")
+    many = vocabulary.Attributes("圆形", "蓝色", 3, "大", None, "白色", "纯色")
     for _ in range(200):
         cap = dataset.caption(many, rng, dataset.HELDOUT_TEMPLATES)
         assert "position" not in cap.named and many.matches(cap.named)
@@ -101,8 +101,8 @@ def test_position_templates_only_for_single_objects() -> None:
 
 def test_every_caption_word_is_in_the_vocab() -> None:
     tok = default_tokenizer()
-    words = [*dataset.COLOURS, *dataset.BACKGROUNDS, *dataset.TEXTURES, *dataset.POSITIONS]
-    words += [w for ws in dataset.SHAPES.values() for w in ws]
+    words = [*vocabulary.COLOURS, *vocabulary.BACKGROUNDS, *vocabulary.TEXTURES, *vocabulary.POSITIONS]
+    words += [w for ws in vocabulary.SHAPES.values() for w in ws]
     for word in words:
         assert tok.unk_id not in tok.encode(word), word
 
@@ -110,7 +110,7 @@ def test_every_caption_word_is_in_the_vocab() -> None:
 def test_demo_gallery_covers_every_shape_colour_pair() -> None:
     gallery = dataset.demo_gallery(100)
     pairs = {(s.attributes.shape, s.attributes.colour) for s in gallery}
-    assert pairs == {(s, c) for s in dataset.SHAPES for c in dataset.COLOURS}
+    assert pairs == {(s, c) for s in vocabulary.SHAPES for c in vocabulary.COLOURS}
 
 
 def test_unknown_split_is_an_error() -> None:

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from demo import dataset, train
+from demo import dataset, train, vocabulary
 from retrieval.preprocess import normalise
 from retrieval.toolchain.convert.checkpoint import build_model, load_checkpoint
 
@@ -48,16 +48,16 @@ def test_batches_match_matrix_says_which_caption_fits_which_picture() -> None:
     for i in range(6):  # each picture's own captions fit it
         assert batch.match[i, 2 * i] == 1 and batch.match[i, 2 * i + 1] == 1
     # Pictures have every attribute; captions only those they name (-100 elsewhere).
-    assert batch.image_labels.shape == (6, len(dataset.VALUES)) and (batch.image_labels >= 0).all()
+    assert batch.image_labels.shape == (6, len(vocabulary.VALUES)) and (batch.image_labels >= 0).all()
     assert ((batch.text_labels >= 0).sum(1) >= 1).all()
 
 
 def test_attribute_labels_index_the_value_lists() -> None:
     labels = train.attribute_labels([{"shape": "星形", "colour": "红色"}, {"position": None, "count": 3}])
-    keys = list(dataset.VALUES)
-    assert labels[0, keys.index("shape")] == dataset.VALUES["shape"].index("星形")
+    keys = list(vocabulary.VALUES)
+    assert labels[0, keys.index("shape")] == vocabulary.VALUES["shape"].index("星形")
     assert labels[0, keys.index("count")] == -100
-    assert labels[1, keys.index("position")] == len(dataset.VALUES["position"]) - 1
+    assert labels[1, keys.index("position")] == len(vocabulary.VALUES["position"]) - 1
     assert labels[1, keys.index("count")] == 2
 
 

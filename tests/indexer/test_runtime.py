@@ -1,6 +1,7 @@
 """The composition root (indexer/runtime.py): it opens what a caller asks for and nothing more, closes
 what it opened (never what was injected), and runs background tasks from open to close — started
-once it is open, cancelled and awaited before the encoders and the catalog they use are closed."""
+once it is open, cancelled and awaited before the encoders and the catalog they use are closed; it hands
+the service its OCR reader, loaded at start where the catalog has a collection with OCR."""
 
 from __future__ import annotations
 
@@ -13,9 +14,11 @@ import pytest
 from api.config import Settings
 from indexer.domain.records import NewImage
 from indexer.runtime import open_runtime
-from retrieval.errors import EncoderUnavailable
+from retrieval.errors import EncoderUnavailable, ModelError
 from retrieval.fake import FakeEncoder
+from retrieval.preprocess import read_header
 from tests.support.indexer_helpers import jpeg
+from tests.support.ocr_fakes import FakeOcrEngine, png_with_text
 
 DIM = 16
 
@@ -96,11 +99,44 @@ def test_a_writer_opens_no_vector_store_and_a_server_opens_every_one(settings: S
             assert rt.service is not None and rt.catalog is not None
             rt.service.create("photos", "images")
             vectors = np.asarray(await encoder.embed_images([jpeg(1)]))
-            rt.service.add_images("photos", [NewImage(data=jpeg(1))], vectors)
+            rt.service.writes.add_images("photos", [NewImage(data=jpeg(1))], vectors)
             photos = rt.catalog.collection("photos").id
             assert rt.catalog.stores.held(photos) is None  # type: ignore[attr-defined]  # SqlCatalog's
         async with open_runtime(settings, encoder=encoder, stores="now") as rt:
             assert rt.catalog is not None
             assert rt.catalog.stores.held(photos) is not None  # type: ignore[attr-defined]
+
+    asyncio.run(scenario())
+
+
+def test_an_engine_that_cannot_load_is_one_line_at_start(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    loads: list[str] = []
+
+    def broken(*args: object, **kwargs: object) -> FakeOcrEngine:
+        loads.append("tried")
+        raise ModelError("no OCR models here")
+
+    monkeypatch.setattr("indexer.runtime.open_rapidocr", broken)
+    data = png_with_text("北京烤鸭")
+
+    async def scenario() -> None:
+        async with open_runtime(settings, encoder=FakeEncoder(), warm=False) as rt:
+            assert rt.service is not None
+            rt.service.create("signs", "images")
+            rt.service.texts.set_ocr("signs", True)
+            rt.service.create("plain", "images")
+        assert loads == []  # a cold process never loads it
+        with caplog.at_level(logging.WARNING, logger="retrieval.ocr.reader"):
+            async with open_runtime(settings, encoder=FakeEncoder(), warm=True) as rt:
+                assert rt.service is not None
+                assert loads == ["tried"]  # at start: the catalog has a collection with OCR
+                for name in ("signs", "plain"):
+                    added = await rt.service.writes.add_upload(name, data, read_header(data))
+                    assert added.created
+        lines = [r.getMessage() for r in caplog.records if r.name == "retrieval.ocr.reader"]
+        assert len(lines) == 1 and "no OCR models here" in lines[0]
+        assert loads == ["tried"]
 
     asyncio.run(scenario())

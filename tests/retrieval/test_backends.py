@@ -17,9 +17,9 @@ from retrieval.backends import BACKENDS, DEFAULT_BACKEND, backend_named
 from retrieval.backends import openvino as ov_backend
 from retrieval.encoder import LocalEncoder
 from retrieval.errors import EncoderUnavailable, ModelError
-from retrieval.gate import MIN_COSINE, cosines, judge
 from retrieval.manifest import MANIFEST_NAME, ModelManifest
-from retrieval.toy_model import write_toy_model
+from retrieval.toolchain.gate import MIN_COSINE, cosines, judge
+from retrieval.toolchain.toy_model import write_toy_model
 
 TEXTS = ["穿红色裙子的女孩", "一只橘猫趴在窗台上晒太阳", "猫", "海边的日落，天空被染成了橙色"]
 
@@ -135,7 +135,7 @@ def test_manifest_loads_with_a_gate_record(tmp_path: Path) -> None:
 def test_top10_agreement_forgives_swaps_of_near_ties_and_only_those() -> None:
     """One query, a 12-item gallery scored 0.30, 0.29, …: the candidate swaps the 10th with the 11th.
     A 0.0005 apart swap is a tie (agreement 1.0 although the strict overlap is 0.9); 0.01 apart is not."""
-    from retrieval.gate import topk_agreement, topk_overlap
+    from retrieval.toolchain.gate import topk_agreement, topk_overlap
 
     query = np.array([[1.0, 0.0]], dtype=np.float32)
 

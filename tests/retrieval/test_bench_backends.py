@@ -6,7 +6,7 @@ from pathlib import Path
 
 from benchmarks.bench_backends import CASES, case_label, main
 from retrieval.backends.openvino import capabilities
-from retrieval.toy_model import write_toy_model
+from retrieval.toolchain.toy_model import write_toy_model
 
 
 def test_the_side_by_side_smoke_run(tmp_path: Path) -> None:
@@ -47,7 +47,7 @@ def test_the_side_by_side_smoke_run(tmp_path: Path) -> None:
 def test_the_tuned_column_runs_what_the_tuning_file_chose(tmp_path: Path) -> None:
     import json
 
-    from tests.retrieval.test_tuning import tuning_for
+    from tests.support.tuning_files import tuning_for
 
     model = tmp_path / "model"
     write_toy_model(model, buckets=(1, 8, 16), text_lengths=(16,))

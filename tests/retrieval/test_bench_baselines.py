@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from benchmarks.torch_baselines import best_of, random_model, torch_baselines
-from tests.retrieval.test_convert_model import TINY_VIT, sample_inputs
+from tests.support.cnclip_models import TINY_VIT, sample_inputs
 
 
 @pytest.mark.parametrize("tower", ["image", "text"])

@@ -24,25 +24,10 @@ from retrieval.toolchain.convert.checkpoint import build_model, load_checkpoint
 from retrieval.toolchain.convert.parity import PARITY_SENTENCES, run_in_buckets, sample_images
 from retrieval.toolchain.convert.report import REPORT_NAME
 from retrieval.toolchain.convert.simplify import gemm_to_matmul, simplify_graph
-from tests.retrieval.test_convert_model import TINY_VIT, official_checkpoint, reference_model
+from tests.support.cnclip_models import TINY_VIT, reference_model
 
 BUCKETS = (1, 4)
 runner = CliRunner()
-
-
-@pytest.fixture(scope="module")
-def tiny(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    """A tiny official-format checkpoint, its config JSON, and the cn_clip reference model it came from."""
-    root = tmp_path_factory.mktemp("tiny-ckpt")
-    ref = reference_model(TINY_VIT, seed=3)
-    with torch.no_grad():
-        for p in ref.state_dict().values():
-            if p.is_floating_point():
-                p.copy_(p.half().float())
-    checkpoint = official_checkpoint(ref, root / "tiny.pt")
-    config = root / "tiny-vit.json"
-    config.write_text(json.dumps(TINY_VIT), encoding="utf-8")
-    return {"checkpoint": checkpoint, "config": config, "root": root}
 
 
 @pytest.fixture(scope="module")

@@ -28,7 +28,7 @@ from retrieval.tokenizer import tokenize
 from retrieval.toolchain.convert.parity import PARITY_SENTENCES, sample_images
 from retrieval.toolchain.convert.quantize import to_fp16
 from retrieval.toolchain.convert.report import REPORT_NAME
-from tests.retrieval.test_convert_model import TINY_VIT, reference_model
+from tests.support.cnclip_models import TINY_VIT, reference_model
 
 runner = CliRunner()
 

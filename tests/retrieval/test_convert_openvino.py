@@ -15,16 +15,15 @@ from typer.testing import CliRunner
 
 from api.config import Settings
 from cli.main import build_cli
-from retrieval import gate
 from retrieval.encoder import LocalEncoder
 from retrieval.manifest import ModelManifest
-from tests.retrieval.test_convert import tiny  # noqa: F401 - the module-scoped checkpoint fixture
-from tests.retrieval.test_tuning import tuning_for
+from retrieval.toolchain import gate
+from tests.support.tuning_files import tuning_for
 
 runner = CliRunner()
 
 
-def convert(tiny: dict[str, Path], out: Path, *extra: str) -> None:  # noqa: F811
+def convert(tiny: dict[str, Path], out: Path, *extra: str) -> None:
     result = runner.invoke(
         build_cli(),
         ["convert", "--config", str(tiny["config"]), "--checkpoint", str(tiny["checkpoint"]), "--out", str(out)]
@@ -34,7 +33,7 @@ def convert(tiny: dict[str, Path], out: Path, *extra: str) -> None:  # noqa: F81
 
 
 @pytest.fixture(scope="module")
-def qdq_model(tiny: dict[str, Path]) -> Path:  # noqa: F811
+def qdq_model(tiny: dict[str, Path]) -> Path:
     texts = tiny["root"] / "captions.txt"
     texts.write_text("\n".join(f"第{i}张照片里有一只猫和{i}个苹果" for i in range(20)), encoding="utf-8")
     out = tiny["root"] / "qdq"
@@ -111,7 +110,7 @@ def test_openvino_int8_serves_within_the_gate_of_fp32(qdq_model: Path, settings:
 
 
 def test_a_tower_that_fails_the_gate_is_refused_and_removed(
-    tiny: dict[str, Path],  # noqa: F811
+    tiny: dict[str, Path],
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

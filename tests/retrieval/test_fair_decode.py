@@ -277,7 +277,7 @@ def test_every_image_route_refuses_a_jpeg_whose_decoding_would_cost_more_than_it
     (a pass over the image each; 16 Mpx of it took 22 s), or an 8×8 PNG of 200,000 chunks (Pillow walks
     them in Python), is refused from its header on every route, at once, and nothing is embedded
     (retrieval/preprocess.py `MAX_JPEG_SCANS`, `MAX_PNG_CHUNKS`)."""
-    from tests.retrieval.test_preprocess import jpeg_of_scans, png_of_chunks
+    from tests.support.crafted_images import jpeg_of_scans, png_of_chunks
 
     encoder = FakeEncoder()
     bomb, said = (jpeg_of_scans(20_000), "20,000 scans") if kind == "jpeg scans" else (png_of_chunks(200_000), "chunks")

@@ -15,10 +15,10 @@ from typer.testing import CliRunner
 from api.config import Settings
 from cli.main import build_cli
 from retrieval.errors import InvalidInput
-from retrieval.gate import Candidate
 from retrieval.memory_budget import AUTO_EXTRA_MB, Budget, parse_budget, resolve_budget
-from retrieval.tune_memory import fit_towers
-from tests.retrieval.test_tuning import start, tuning_for
+from retrieval.toolchain.gate import Candidate
+from retrieval.toolchain.tune.memory import fit_towers
+from tests.support.tuning_files import start, tuning_for
 
 
 def test_auto_is_the_default_and_means_one_copy_per_tower_plus_the_extra() -> None:
@@ -96,7 +96,7 @@ def test_auto_at_start_keeps_within_the_tuning_files_budget_and_never_refuses(
 
 
 def test_prepacked_shapes_are_dropped_counting_a_session_per_shape_where_the_backend_cannot_share() -> None:
-    from retrieval.tune_memory import TowerMemory, fit_prepacks
+    from retrieval.toolchain.tune.memory import TowerMemory, fit_prepacks
     from retrieval.tuning import ShapeChoice, TowerChoice
 
     def tower(backend: str, gains: dict[str, float]) -> TowerChoice:
@@ -118,9 +118,9 @@ import json, sys
 from pathlib import Path
 from types import SimpleNamespace
 import numpy as np
-from retrieval.gate import Candidate
+from retrieval.toolchain.gate import Candidate
 from retrieval.manifest import ModelManifest
-from retrieval.tune import TuneOptions, candidates, measure
+from retrieval.toolchain.tune.tuner import TuneOptions, candidates, measure
 
 class Heavy:
     def __init__(self, *args):
@@ -145,7 +145,7 @@ def test_the_tuner_measures_what_each_configurations_sessions_take(tmp_path: Pat
     import subprocess
     import sys
 
-    from retrieval.toy_model import write_toy_model
+    from retrieval.toolchain.toy_model import write_toy_model
 
     write_toy_model(tmp_path / "m", buckets=(1, 4), text_lengths=(16,))
     done = subprocess.run([sys.executable, "-c", _MEASURE, str(tmp_path / "m")], capture_output=True, text=True,

@@ -16,6 +16,7 @@ import retrieval
 from retrieval.errors import InvalidImage, PayloadTooLarge
 from retrieval.manifest import CNCLIP_MEAN, CNCLIP_STD
 from retrieval.preprocess import decode_image
+from tests.support.crafted_images import encode, gradient, jpeg_of_scans, png_chunk, png_of_chunks
 
 
 def cn_clip_transform(image: Image.Image, size: int = 224) -> np.ndarray:
@@ -27,20 +28,6 @@ def cn_clip_transform(image: Image.Image, size: int = 224) -> np.ndarray:
     mean = torch.tensor(CNCLIP_MEAN).view(3, 1, 1)
     std = torch.tensor(CNCLIP_STD).view(3, 1, 1)
     return tensor.sub(mean).div(std).numpy()
-
-
-def encode(image: Image.Image, fmt: str, **options) -> bytes:
-    buffer = io.BytesIO()
-    image.save(buffer, fmt, **options)
-    return buffer.getvalue()
-
-
-def gradient(width: int, height: int, seed: int = 0) -> Image.Image:
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:height, 0:width]
-    base = np.stack([x * 255 // max(width - 1, 1), y * 255 // max(height - 1, 1), (x + y) % 256], axis=-1)
-    noise = rng.integers(0, 40, size=(height, width, 3))
-    return Image.fromarray(np.clip(base + noise, 0, 255).astype(np.uint8), "RGB")
 
 
 def _cases() -> dict[str, bytes]:
@@ -130,50 +117,12 @@ def test_probe_reports_mime_and_size() -> None:
 
 
 def png_claiming(width: int, height: int) -> bytes:
-    def chunk(kind: bytes, body: bytes) -> bytes:
-        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
-
     header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
     return (
-        b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
-    )
-
-
-def jpeg_of_scans(scans: int, side: int = 64) -> bytes:
-    """A progressive JPEG of `scans` scans: libjpeg's 10, then its smallest scan repeated (each repeat a
-    whole pass over the image when decoded, a few bytes in the file: a decode-cost bomb within every
-    size limit, issue 28's hidden set)."""
-    data = encode(gradient(side, side), "JPEG", progressive=True, quality=50)
-    at, found = 2, []
-    while data[at + 1] != 0xD9:  # walk the markers; a scan runs to the next marker that is not FF00/RSTn
-        length = int.from_bytes(data[at + 2 : at + 4], "big")
-        end = at + 2 + length
-        if data[at + 1] == 0xDA:
-            while data[end] != 0xFF or data[end + 1] == 0 or 0xD0 <= data[end + 1] <= 0xD7:
-                end += 1
-            found.append((at, end))
-        at = end
-    assert len(found) == 10 and scans >= 10
-    start, stop = min(found, key=lambda scan: scan[1] - scan[0])
-    last = found[-1][1]
-    return data[:last] + data[start:stop] * (scans - 10) + data[last:]
-
-
-def png_of_chunks(chunks: int) -> bytes:
-    """A valid 8×8 PNG of `chunks` chunks: IHDR, IDAT, IEND and empty private chunks before the IDAT
-    (each one more step of Pillow's Python loop when it opens the file)."""
-
-    def chunk(kind: bytes, body: bytes) -> bytes:
-        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
-
-    pixels = zlib.compress(b"".join(b"\0" + b"\0" * 24 for _ in range(8)))
-    header = chunk(b"IHDR", struct.pack(">IIBBBBB", 8, 8, 8, 2, 0, 0, 0))
-    return (
         b"\x89PNG\r\n\x1a\n"
-        + header
-        + chunk(b"prVt", b"") * (chunks - 3)
-        + chunk(b"IDAT", pixels)
-        + chunk(b"IEND", b"")
+        + png_chunk(b"IHDR", header)
+        + png_chunk(b"IDAT", zlib.compress(b"\0" * 64))
+        + png_chunk(b"IEND", b"")
     )
 
 
@@ -247,11 +196,13 @@ def test_limits_are_configurable() -> None:
 def _grey_png_header(width: int, height: int) -> bytes:
     """A PNG signature and IHDR claiming width×height, then one empty IDAT: enough for the header check."""
 
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-
     ihdr = struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0)
-    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(b"")) + chunk(b"IEND", b"")
+    return (
+        b"\x89PNG\r\n\x1a\n"
+        + png_chunk(b"IHDR", ihdr)
+        + png_chunk(b"IDAT", zlib.compress(b""))
+        + png_chunk(b"IEND", b"")
+    )
 
 
 @pytest.mark.parametrize("size", [(1, 50_000_000), (50_000_000, 1), (65_536, 700)])

@@ -16,11 +16,11 @@ from api.kserve_config import _instance_group
 from api.kserve_tensors import ServedModel
 from retrieval.backends import BACKENDS, DeviceChoice, SessionConfig, backend_named
 from retrieval.backends import ort_providers as registry
-from retrieval.backends.onnxruntime import ONNXRUNTIME, choose_provider, weight_sharing
+from retrieval.backends.onnxruntime import ONNXRUNTIME, choose_provider, ort_providers, weight_sharing
 from retrieval.errors import InvalidInput, ModelError
 from retrieval.toolchain.triton.backends import ORT_PROVIDERS_SOURCE, TRITON_BACKENDS, triton_backend
 from retrieval.toolchain.triton.export import ExportOptions, export_triton_repository
-from tests.retrieval.test_triton_export import load_by_path
+from tests.support.triton_configs import load_by_path
 
 EVERY_BUILD = lambda: [p.ort_name for p in registry.PROVIDERS.values()]  # noqa: E731
 
@@ -31,7 +31,7 @@ def test_unknown_provider_is_a_clear_error_listing_the_known_ones() -> None:
     with pytest.raises(ModelError, match=r"unknown provider 'tpu'; use auto, cann, cuda or cpu$"):
         choose_provider("tpu", EVERY_BUILD)
     with pytest.raises(ModelError, match="known: cann, cuda, cpu"):
-        SessionConfig(provider="tpu", precision="fp32").providers()
+        ort_providers(SessionConfig(provider="tpu", precision="fp32"))
     with pytest.raises(ModelError, match="known: cann, cuda, cpu"):
         weight_sharing("tpu", True)
     assert registry.setting_choices() == "auto, cann, cuda or cpu"
@@ -45,8 +45,8 @@ def test_each_record_builds_its_options_and_provider_list() -> None:
     assert cann.session_providers(3) == [("CANNExecutionProvider", cann.options(3)), "CPUExecutionProvider"]
     assert cuda.session_providers(1) == [("CUDAExecutionProvider", {"device_id": "1"}), "CPUExecutionProvider"]
     assert cpu.session_providers(7) == ["CPUExecutionProvider"]
-    # The session configuration asks the record: the same lists.
-    assert SessionConfig(provider="cuda", precision="fp16", device_id=1).providers() == cuda.session_providers(1)
+    # A session configuration's providers are its record's: the same lists.
+    assert ort_providers(SessionConfig(provider="cuda", precision="fp16", device_id=1)) == cuda.session_providers(1)
 
 
 def test_records_say_what_callers_used_to_branch_on() -> None:

@@ -9,17 +9,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from retrieval.errors import EncoderUnavailable, ModelError
-from retrieval.manifest import ModelManifest
-from retrieval.providers import (
-    Detection,
-    SessionConfig,
+from retrieval.backends.base import Detection, SessionConfig, cpu_thread_plan
+from retrieval.backends.onnxruntime import (
     choose_precision,
     choose_provider,
-    cpu_thread_plan,
     detect_ascend,
     detect_cuda,
+    ort_providers,
+    ort_session_options,
 )
+from retrieval.errors import EncoderUnavailable, ModelError
+from retrieval.manifest import ModelManifest
 from retrieval.sessions import BucketedSession, Stream, StreamPool, dummy_batch
 
 CANN_BUILD = lambda: ["CANNExecutionProvider", "CPUExecutionProvider"]  # noqa: E731 - onnxruntime-cann
@@ -96,15 +96,15 @@ def test_precision_choice() -> None:
 
 
 def test_provider_options() -> None:
-    cann = SessionConfig(provider="cann", precision="fp16", device_id=3).providers()
+    cann = ort_providers(SessionConfig(provider="cann", precision="fp16", device_id=3))
     name, options = cann[0]
     assert name == "CANNExecutionProvider"
     assert options == {"device_id": "3", "enable_cann_graph": "1", "precision_mode": "must_keep_origin_dtype"}
-    assert SessionConfig(provider="cuda", precision="fp16", device_id=1).providers()[0] == (
+    assert ort_providers(SessionConfig(provider="cuda", precision="fp16", device_id=1))[0] == (
         "CUDAExecutionProvider",
         {"device_id": "1"},
     )
-    assert SessionConfig(provider="cpu", precision="int8").providers() == ["CPUExecutionProvider"]
+    assert ort_providers(SessionConfig(provider="cpu", precision="int8")) == ["CPUExecutionProvider"]
 
 
 def test_cpu_threads_and_affinity() -> None:
@@ -113,12 +113,12 @@ def test_cpu_threads_and_affinity() -> None:
     assert cpu_thread_plan(streams=4, threads_per_stream=0, cores=2) == [[0], [1], [0], [1]]
     assert cpu_thread_plan(streams=2, threads_per_stream=3, cores=8) == [[0, 1, 2], [3, 4, 5]]
     pinned = SessionConfig(provider="cpu", precision="int8", cores=[2, 3, 4], pin_threads=True, spin=False)
-    options = pinned.session_options()
+    options = ort_session_options(pinned)
     assert options.intra_op_num_threads == 3
     # ORT pins the two extra pool threads (1-based processor ids); the caller thread pins itself.
     assert options.get_session_config_entry("session.intra_op_thread_affinities") == "4;5"
     assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
-    unpinned = SessionConfig(provider="cpu", precision="int8", cores=[0, 1]).session_options()
+    unpinned = ort_session_options(SessionConfig(provider="cpu", precision="int8", cores=[0, 1]))
     assert unpinned.intra_op_num_threads == 2
     with pytest.raises(Exception, match="intra_op_thread_affinities"):
         unpinned.get_session_config_entry("session.intra_op_thread_affinities")

@@ -20,11 +20,12 @@ from typer.testing import CliRunner
 from api.config import Settings
 from cli.main import build_cli
 from retrieval import shared_weights
+from retrieval.backends.base import SessionConfig
+from retrieval.backends.onnxruntime import ort_session_options, weight_sharing
 from retrieval.config import REPO_ROOT
 from retrieval.encoder import LocalEncoder
 from retrieval.graph_store import save_sharing_weights
 from retrieval.manifest import ModelManifest
-from retrieval.providers import SessionConfig, weight_sharing
 from retrieval.sessions import OrtSession
 from retrieval.shared_weights import SharedWeights
 
@@ -76,7 +77,7 @@ def check_every_bucket(model_dir: Path) -> None:
                 shared = OrtSession(path, shared_config, spec.input_name, spec.output_name)
                 own = OrtSession(path, own_config, spec.input_name, spec.output_name)
                 # The same kernels as the shared session (no prepacking), with weights loaded by ORT itself.
-                same_kernels = ort.InferenceSession(str(path), shared_config.session_options())
+                same_kernels = ort.InferenceSession(str(path), ort_session_options(shared_config))
                 batch = sample(shared, tower, bucket, manifest)
                 out = shared.run(batch)
                 where = f"{tower}/{precision}/b{bucket}"
@@ -124,10 +125,10 @@ def test_buckets_share_by_storage_not_by_name(tmp_path: Path) -> None:
 
 
 def test_session_options_with_shared_weights() -> None:
-    lean = SessionConfig(provider="cpu", precision="int8", weights=SharedWeights("text/int8")).session_options()
+    lean = ort_session_options(SessionConfig(provider="cpu", precision="int8", weights=SharedWeights("text/int8")))
     assert lean.get_session_config_entry("session.disable_prepacking") == "1"
     assert lean.enable_cpu_mem_arena is False
-    default = SessionConfig(provider="cpu", precision="int8").session_options()
+    default = ort_session_options(SessionConfig(provider="cpu", precision="int8"))
     assert default.enable_cpu_mem_arena is True
     with pytest.raises(Exception, match="disable_prepacking"):
         default.get_session_config_entry("session.disable_prepacking")

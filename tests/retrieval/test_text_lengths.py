@@ -12,15 +12,15 @@ import numpy as np
 import pytest
 
 from api.config import Settings
+from retrieval.backends.base import SessionConfig
 from retrieval.batcher import assemble
 from retrieval.encoder import LocalEncoder
 from retrieval.errors import ModelError
 from retrieval.manifest import ModelManifest
-from retrieval.providers import SessionConfig
 from retrieval.sessions import OrtSession
 from retrieval.text_lengths import parse_lengths, shortest_length, split_by_length, used_lengths
 from retrieval.tokenizer import tokenize
-from retrieval.toy_model import write_toy_model
+from retrieval.toolchain.toy_model import write_toy_model
 
 SHORT = "猫"  # [CLS] 猫 [SEP]: 3 tokens
 QUERY = "穿红色裙子的女孩"  # 10 tokens

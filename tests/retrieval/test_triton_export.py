@@ -3,20 +3,17 @@ static for npu_ge) and agree with the bucket graphs, and the preprocess model eq
 
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import sys
 import types
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-import tritonclient
-from google.protobuf import json_format, text_format
+from google.protobuf import json_format
 from onnx import TensorProto, helper, numpy_helper
 from PIL import Image
 from typer.testing import CliRunner
@@ -29,28 +26,9 @@ from retrieval.tokenizer import tokenize
 from retrieval.toolchain.triton.export import ExportOptions, export_triton_repository
 from retrieval.toolchain.triton.graphs import dynamic_batch_graph
 from tests.support.kserve_server import image_file
+from tests.support.triton_configs import load_by_path, model_config_pb2, parse_config
 
 MODELS = ("cnclip_text", "cnclip_image", "preprocess", "cnclip_image_bytes")
-
-
-def load_by_path(name: str, path: Path) -> types.ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-# tritonclient ships Triton's ModelConfig schema (model_config_pb2) even without its grpc extra; its
-# package __init__ needs grpcio, so the generated module is loaded by path (it needs only protobuf).
-model_config_pb2 = load_by_path(
-    "triton_model_config_pb2", Path(tritonclient.__file__).parent / "grpc" / "model_config_pb2.py"
-)
-
-
-def parse_config(path: Path) -> Any:
-    """Parse strictly: an unknown field, a wrong type or a bad enum value raises."""
-    return text_format.Parse(path.read_text(encoding="utf-8"), model_config_pb2.ModelConfig())
 
 
 def session(path: Path) -> ort.InferenceSession:
@@ -326,7 +304,7 @@ def test_cnclip_architecture_graphs_become_batch_dynamic(tmp_path: Path) -> None
 
     from retrieval.toolchain.convert import pipeline
     from retrieval.toolchain.convert.checkpoint import build_model
-    from tests.retrieval.test_convert_model import TINY_VIT
+    from tests.support.cnclip_models import TINY_VIT
 
     torch.manual_seed(0)
     model_dir = tmp_path / "tiny-cnclip"

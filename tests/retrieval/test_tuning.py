@@ -18,7 +18,7 @@ from retrieval.backends.openvino import OpenVinoSession
 from retrieval.encoder import LocalEncoder
 from retrieval.errors import InvalidInput, ModelError
 from retrieval.manifest import ModelManifest
-from retrieval.toy_model import write_toy_model
+from retrieval.toolchain.toy_model import write_toy_model
 from retrieval.tuning import (
     MAX_BYTES,
     TUNING_NAME,
@@ -27,8 +27,9 @@ from retrieval.tuning import (
     read_tuning,
     write_tuning,
 )
-from tests.api.test_worker import CliServer, env_for
+from tests.support.cli_server import CliServer, env_for
 from tests.support.kserve_server import free_port
+from tests.support.tuning_files import start, tuning_for
 
 
 @pytest.fixture(scope="module")
@@ -40,28 +41,6 @@ def tuned_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
         build_cli(), ["tune", "--model", str(model), "--rounds", "2", "--seconds", "0.02"], catch_exceptions=False
     )
     return model, result
-
-
-def tuning_for(model: Path, **towers: dict[str, Any]) -> dict[str, Any]:
-    """A hand-written tuning file for `model` on this machine."""
-    default = {"backend": "onnxruntime", "device": "cpu", "precision": "int8", "streams": 1, "shapes": {}}
-    return {
-        "format": 1,
-        "model_id": ModelManifest.load(model).model_id,
-        "created": "2026-12-04T00:00:00Z",
-        "fingerprint": machine_fingerprint(),
-        "towers": {"image": {**default, **towers.get("image", {})}, "text": {**default, **towers.get("text", {})}},
-    }
-
-
-def start(settings: Settings) -> LocalEncoder:
-    async def main() -> LocalEncoder:
-        encoder = LocalEncoder(settings)
-        await encoder.start()
-        await encoder.close()
-        return encoder
-
-    return asyncio.run(main())
 
 
 def test_tune_prints_the_table_and_the_choice_and_writes_the_file(tuned_model: tuple[Path, Any]) -> None:
@@ -273,8 +252,8 @@ def test_the_memory_budget_drops_prepacked_shapes_then_refuses(
 def test_latency_prepacks_only_batch_one_shapes_throughput_every_shape_that_gains() -> None:
     from types import SimpleNamespace
 
-    from retrieval.gate import Candidate
-    from retrieval.tune import shape_choices
+    from retrieval.toolchain.gate import Candidate
+    from retrieval.toolchain.tune.tuner import shape_choices
     from retrieval.tuning import Shape
 
     ort = Candidate(SimpleNamespace(name="onnxruntime"), "cpu", "int8", "int8")

@@ -12,7 +12,7 @@ from PIL import Image
 
 from api import create_app
 from api.config import Settings
-from indexer.domain.records import Catalog
+from indexer.service.ports import Catalog
 from retrieval.fake import FakeEncoder
 
 

@@ -28,7 +28,7 @@ from playwright.sync_api import Browser, Page, Request, Route, expect, sync_play
 from api import create_app
 from api.config import Settings
 from api.request_guard import APP_CSP, DOCS_CSP
-from indexer.domain.records import Catalog
+from indexer.service.ports import Catalog
 from retrieval.fake import FakeEncoder
 from tests.support.api_helpers import GALLERY, image_bytes, open_test_catalog
 
@@ -47,6 +47,7 @@ CHROMIUM_ARGS = [
 ]
 TEXTS = ["一只猫在沙发上睡觉", "草地上奔跑的小狗", "城市街道上的黄色出租车", "夕阳下的海滩", "雪山和蓝天"]
 LOOPBACK = {"127.0.0.1", "localhost", "::1", "[::1]"}
+WIDTHS = [1280, 390]  # a laptop, a phone: the `width` fixture (tests/browser/conftest.py) runs each
 # The pages must work under the policies the server sends (api/request_guard.py): nothing but our own
 # origin; the UI previews the chosen image from a blob: URL; the docs pages need inline <style> (ReDoc),
 # data: icons and a blob: worker (ReDoc's search).

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import io
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -19,6 +18,7 @@ from indexer.runtime import open_catalog
 from indexer.service.collections import CollectionService
 from indexer.storage.catalog import SqlCatalog
 from indexer.storage.sql.db import DatabaseUnavailable
+from tests.support.cli_server import CNCLIP
 
 
 def jpeg(seed: int, size: tuple[int, int] = (24, 16)) -> bytes:
@@ -80,6 +80,18 @@ def random_unit(n: int, dim: int, seed: int = 0) -> np.ndarray:
     return vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
 
 
+def unit(vectors: np.ndarray) -> np.ndarray:
+    """`vectors` (one, or one a row) scaled to length 1, as float32."""
+    return (vectors / np.linalg.norm(vectors, axis=-1, keepdims=True)).astype(np.float32)
+
+
+def near(base: np.ndarray, rng: np.random.Generator, cosine: float) -> np.ndarray:
+    """A unit vector at exactly `cosine` from the unit vector `base`, in a random direction."""
+    noise = rng.standard_normal(base.shape)
+    noise -= np.dot(noise, base) * base
+    return unit(cosine * base + np.sqrt(1 - cosine**2) * unit(noise))
+
+
 def cli_env(data_dir: Path, database_url: str, model_dir: Path, **extra: str) -> dict[str, str]:
     """Environment for a `cnclip` subprocess on this database and the toy model."""
     import os
@@ -97,11 +109,19 @@ def cli_env(data_dir: Path, database_url: str, model_dir: Path, **extra: str) ->
 
 def start_cli(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-c", "from cli.main import main; main()", *args],
+        [*CNCLIP, *args],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+    )
+
+
+def run_cnclip(args: list[str], env: dict[str, str], timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
+    """`cnclip ARGS` in a fresh process, stdout and stderr apart (what a shell user sees on each), no stdin;
+    a hang past `timeout_s` fails the test instead of the suite."""
+    return subprocess.run(
+        [*CNCLIP, *args], env=env, capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL
     )
 
 

@@ -20,7 +20,6 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -28,12 +27,12 @@ from pathlib import Path
 import httpx
 
 from retrieval.toolchain.triton.server import unavailable_reason
+from tests.support.cli_server import CNCLIP
 from tests.support.kserve_server import free_port
 
-__all__ = ["CNCLIP", "RealTriton", "unavailable_reason"]
+__all__ = ["RealTriton", "unavailable_reason"]
 
 STARTUP_TIMEOUT_S = 90.0
-CNCLIP = [sys.executable, "-c", "from cli.main import main; main()"]  # the `cnclip` program, this interpreter
 
 
 def _children(pid: int) -> list[int]:

@@ -22,9 +22,9 @@ from sqlalchemy import create_engine
 from indexer.storage.sql.db import create_db_engine
 from indexer.storage.vectors.base import SearchTuning, StoreSpec
 from indexer.storage.vectors.milvus.store import MilvusEngine
-from tests.conftest import EngineUnderTest
+from tests.support.crash_trials import GOOD_FILES, assert_found_by_content, kill_trials, make_folder
+from tests.support.engines import EngineUnderTest
 from tests.support.indexer_helpers import cli_env, open_test_catalog, start_cli, wait_for_items
-from tests.system.test_crash_safety import GOOD_FILES, assert_found_by_content, kill_trials, make_folder
 
 
 def milvus_ids_as_left(data_dir: Path, database_url: str, milvus: EngineUnderTest) -> tuple[np.ndarray, np.ndarray]:

@@ -20,7 +20,7 @@ from typer.testing import CliRunner
 from api.app import create_app
 from api.config import Settings
 from cli.main import build_cli
-from demo import dataset
+from demo import dataset, vocabulary
 from demo.gallery import GALLERY_SEED, GALLERY_SIZE, IMAGE_COLLECTION, TEXT_COLLECTION, demo_texts, describe
 from indexer.runtime import open_catalog
 from indexer.storage.sql.models import CollectionRow
@@ -65,7 +65,7 @@ def gallery() -> list[dataset.Sample]:
     return dataset.demo_gallery(GALLERY_SIZE, GALLERY_SEED)
 
 
-def _attributes_by_caption(gallery: list[dataset.Sample]) -> dict[str, dataset.Attributes]:
+def _attributes_by_caption(gallery: list[dataset.Sample]) -> dict[str, vocabulary.Attributes]:
     return {describe(s.attributes): s.attributes for s in gallery}
 
 
@@ -124,7 +124,7 @@ def test_image_to_text_recall(client: TestClient, demo_dir: Path, gallery: list[
     assert sum(hits) / len(hits) >= FLOORS["i2t_r1"]
 
 
-@pytest.mark.parametrize(("labels", "key"), [(list(dataset.SHAPES), "shape"), (list(dataset.COLOURS), "colour")])
+@pytest.mark.parametrize(("labels", "key"), [(list(vocabulary.SHAPES), "shape"), (list(vocabulary.COLOURS), "colour")])
 def test_zero_shot_classification(
     client: TestClient, demo_dir: Path, gallery: list[dataset.Sample], labels: list[str], key: str
 ) -> None:

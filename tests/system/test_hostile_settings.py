@@ -15,7 +15,6 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -36,10 +35,11 @@ from retrieval.fake import FakeEncoder
 from retrieval.machine_limits import inference_threads_refusal, usable_cores
 from retrieval.manifest import MANIFEST_NAME, ModelManifest
 from retrieval.regular_file import UnusableFile, read_regular
-from retrieval.toy_model import write_toy_model
+from retrieval.toolchain.toy_model import write_toy_model
 from retrieval.tuning import TUNING_NAME, machine_fingerprint, read_tuning
 from tests.support.api_helpers import open_test_catalog
-from tests.support.indexer_helpers import cli_env, jpeg
+from tests.support.cli_server import CNCLIP
+from tests.support.indexer_helpers import cli_env, jpeg, run_cnclip
 from tests.support.live_server import LiveServer
 
 DEEP = "[" * 50_000
@@ -250,17 +250,6 @@ def _model_dirs(model: Path) -> dict[str, str]:
     return {"CNCLIP_MODEL_DIRS": json.dumps([str(model)])}
 
 
-def run_cli(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", "from cli.main import main; main()", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=RUN_TIMEOUT_S,
-        stdin=subprocess.DEVNULL,
-    )
-
-
 def assert_one_line(result: subprocess.CompletedProcess[str], words: str, status: int = 2) -> None:
     lines = result.stderr.strip().splitlines()
     assert result.returncode == status, (result.returncode, result.stderr[-2000:])
@@ -277,7 +266,7 @@ def test_a_hostile_setting_stops_serve_in_one_line(
     case: str, env: Callable[[Path, Path], dict[str, str]], words: str, tmp_path: Path, toy: Path
 ) -> None:
     port = [] if "CNCLIP_PORT" in words else ["--port", "0"]
-    result = run_cli(["serve", *port], base_env(tmp_path, toy, **env(tmp_path, toy)))
+    result = run_cnclip(["serve", *port], base_env(tmp_path, toy, **env(tmp_path, toy)))
     # A storage file that cannot be used is an error of the storage (1, as a SQLite file that is no catalog).
     assert_one_line(result, words, 1 if case.startswith("storage") else 2)
 
@@ -287,10 +276,10 @@ def test_a_hostile_model_directory_stops_serve_and_migrate_in_one_line(
     case: str, change: Callable[[Path], None], words: str, tmp_path: Path, toy: Path
 ) -> None:
     model = spoiled(toy, tmp_path, change)
-    served = run_cli(["serve", "--port", "0"], base_env(tmp_path, toy, **_model_dirs(model)))
+    served = run_cnclip(["serve", "--port", "0"], base_env(tmp_path, toy, **_model_dirs(model)))
     assert_one_line(served, words)
     assert served.stderr.startswith("error: CNCLIP_MODEL_DIRS: ")
-    migrated = run_cli(["migrate", "-c", "photos", "--model", str(model)], base_env(tmp_path, toy))
+    migrated = run_cnclip(["migrate", "-c", "photos", "--model", str(model)], base_env(tmp_path, toy))
     assert_one_line(migrated, words)
     # The same rule, in-process: one ModelError, whatever the spoilage.
     with pytest.raises(ModelError) as caught:
@@ -301,7 +290,7 @@ def test_a_hostile_model_directory_stops_serve_and_migrate_in_one_line(
 @pytest.mark.parametrize("host", ["localhost\udcff", "x\x01y"])
 def test_a_host_that_cannot_be_bound_is_one_line(host: str, tmp_path: Path, toy: Path) -> None:
     """`CNCLIP_HOST` of bytes that are not UTF-8 was a TypeError traceback ("encoding of hostname failed")."""
-    result = run_cli(["serve", "--port", "0"], base_env(tmp_path, toy, CNCLIP_HOST=host, CNCLIP_API_KEY="k"))
+    result = run_cnclip(["serve", "--port", "0"], base_env(tmp_path, toy, CNCLIP_HOST=host, CNCLIP_API_KEY="k"))
     assert_one_line(result, "cannot listen on", 1)
 
 
@@ -309,11 +298,11 @@ def test_watching_a_text_collection_is_refused_before_the_port_is_bound(tmp_path
     env = base_env(tmp_path, toy)
     texts = tmp_path / "notes.txt"
     texts.write_text("一只猫\n一只狗\n", encoding="utf-8")
-    made = run_cli(["index-texts", str(texts), "-c", "notes"], env)
+    made = run_cnclip(["index-texts", str(texts), "-c", "notes"], env)
     assert made.returncode == 0, made.stdout + made.stderr
     folder = tmp_path / "photos"
     folder.mkdir()
-    result = run_cli(["serve", "--port", "0"], {**env, "CNCLIP_WATCH": json.dumps({str(folder): "notes"})})
+    result = run_cnclip(["serve", "--port", "0"], {**env, "CNCLIP_WATCH": json.dumps({str(folder): "notes"})})
     assert_one_line(result, "holds texts")
     assert "Uvicorn running" not in result.stdout + result.stderr
 
@@ -444,15 +433,17 @@ def test_a_migration_refused_before_its_first_vector_removes_its_shadow(tmp_path
             from retrieval.preprocess import read_header
 
             for n in range(3):
-                await service.add_upload("photos", jpeg(n), read_header(jpeg(n)))
+                await service.writes.add_upload("photos", jpeg(n), read_header(jpeg(n)))
             liar = LyingModel(dim=64, real=128, model_id="liar")
             await liar.start()
             with pytest.raises(Exception):  # noqa: B017 - whatever the store says of 128-d vectors in a 64-d shadow
-                await service.migrate("photos", liar, MigrateOptions(batch=2))
-            assert service.migration_status("photos").shadow is None
+                await service.migration.migrate("photos", liar, MigrateOptions(batch=2))
+            assert service.migration.status("photos").shadow is None
             honest = FakeEncoder(dim=16, model_id="honest")
             await honest.start()
-            report = await service.migrate("photos", honest, MigrateOptions(batch=2))  # not "migrating … already"
+            report = await service.migration.migrate(
+                "photos", honest, MigrateOptions(batch=2)
+            )  # not "migrating … already"
             assert report.swapped and report.embedded == 3
         finally:
             catalog.close()
@@ -489,7 +480,7 @@ def test_serve_with_a_fifo_as_the_models_tuning_file_starts_on_the_defaults(tmp_
     model = spoiled(toy, tmp_path, lambda d: os.mkfifo(d / TUNING_NAME))
     env = base_env(tmp_path, model)
     process = subprocess.Popen(
-        [sys.executable, "-c", "from cli.main import main; main()", "serve", "--port", "0"],
+        [*CNCLIP, "serve", "--port", "0"],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,

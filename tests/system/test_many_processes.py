@@ -8,47 +8,15 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import numpy as np
 
-from tests.conftest import EngineUnderTest
+from tests.support.cli_server import found_ids, running_server, seconds_until
+from tests.support.engines import EngineUnderTest
 from tests.support.indexer_helpers import cli_env, jpeg, open_test_catalog, start_cli, write_images
-from tests.support.kserve_server import free_port
-
-FRESH_WITHIN_S = 2.0
-
-
-@contextmanager
-def running_server(env: dict[str, str]) -> Iterator[str]:
-    """`cnclip serve` in its own process on a free loopback port; its base URL once it is ready."""
-    port = free_port()
-    process = start_cli(["serve", "--host", "127.0.0.1", "--port", str(port)], env)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert process.poll() is None, process.communicate()[0]
-            try:
-                if httpx.get(base + "/readyz", timeout=1).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the server did not get ready"
-            time.sleep(0.1)
-        yield base
-    finally:
-        process.terminate()
-        try:
-            process.communicate(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.communicate()
 
 
 def run_cli(args: list[str], env: dict[str, str]) -> str:
@@ -56,23 +24,6 @@ def run_cli(args: list[str], env: dict[str, str]) -> str:
     output, _ = process.communicate(timeout=120)
     assert process.returncode == 0, output
     return output
-
-
-def found_ids(base: str) -> set[int]:
-    response = httpx.post(base + "/v1/search/text", json={"query": "照片", "collection": "photos", "k": 200})
-    if response.status_code == 404:  # the collection does not exist yet
-        return set()
-    assert response.status_code == 200, response.text
-    return {r["id"] for r in response.json()["results"]}
-
-
-def seconds_until(base: str, condition, what: str) -> float:  # type: ignore[no-untyped-def]
-    started = time.monotonic()
-    while not condition(found_ids(base)):
-        waited = time.monotonic() - started
-        assert waited < FRESH_WITHIN_S, f"{what}: not seen by the server after {waited:.1f} s"
-        time.sleep(0.05)
-    return time.monotonic() - started
 
 
 def test_a_running_server_sees_another_process_add_and_delete(

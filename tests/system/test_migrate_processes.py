@@ -7,17 +7,15 @@ from __future__ import annotations
 
 import json
 import signal
-import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from retrieval.toy_model import write_toy_model
-from tests.conftest import EngineUnderTest
+from tests.support.cli_server import running_server, searches_meanwhile
+from tests.support.engines import EngineUnderTest
 from tests.support.indexer_helpers import cli_env, start_cli, write_images
-from tests.system.test_many_processes import running_server
 
 
 def run(args: list[str], env: dict[str, str]) -> tuple[int, str]:
@@ -32,13 +30,6 @@ def status(env: dict[str, str]) -> dict[str, object]:
     return json.loads(output.strip().splitlines()[-1])  # type: ignore[no-any-return]
 
 
-@pytest.fixture(scope="module")
-def next_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("toy-next")
-    write_toy_model(directory, dim=16, seed=5, name="toy-next", int8=False)
-    return directory
-
-
 @pytest.mark.parametrize("engine_name", ["faiss", "milvus-lite"])
 def test_a_server_answers_every_search_through_a_migration(
     tmp_path: Path, toy_model_dir: Path, next_model: Path, engine_name: str
@@ -50,20 +41,7 @@ def test_a_server_answers_every_search_through_a_migration(
     assert code == 0, output
     server_env = {**env, "CNCLIP_MODEL_DIRS": json.dumps([str(next_model)]), "CNCLIP_SYNC_INTERVAL_S": "0.1"}
     with running_server(server_env) as base:
-        stop = threading.Event()
-        answers: list[tuple[int, int]] = []
-
-        def load() -> None:
-            with httpx.Client(base_url=base, timeout=30) as client:
-                while not stop.is_set():
-                    r = client.post("/v1/search/text", json={"query": "照片", "collection": "photos", "k": 5})
-                    answers.append((r.status_code, len(r.json().get("results", [])) if r.status_code == 200 else 0))
-                    time.sleep(0.03)  # the server's access log goes to a pipe nobody reads until the end: < 64 KiB
-
-        threads = [threading.Thread(target=load) for _ in range(2)]
-        for thread in threads:
-            thread.start()
-        try:
+        with searches_meanwhile(base) as answers:
             code, output = run(["migrate", "-c", "photos", "--model", str(next_model), "--batch", "4"], env)
             assert code == 0, output
             deadline = time.monotonic() + 30
@@ -74,10 +52,6 @@ def test_a_server_answers_every_search_through_a_migration(
             while len(answers) < seen + 10:  # searches after the swap, answered by the new model
                 assert time.monotonic() < deadline + 30
                 time.sleep(0.05)
-        finally:
-            stop.set()
-            for thread in threads:
-                thread.join()
         failed = [a for a in answers if a != (200, 5)]
         assert not failed and len(answers) > 20, failed[:5]
         listed = httpx.get(base + "/v1/collections/photos").json()

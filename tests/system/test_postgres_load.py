@@ -15,12 +15,8 @@ from __future__ import annotations
 import hashlib
 import io
 import random
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,8 +25,8 @@ import pytest
 from PIL import Image
 from sqlalchemy import create_engine, text
 
+from tests.support.cli_server import running_server
 from tests.support.indexer_helpers import cli_env
-from tests.support.kserve_server import free_port
 from tests.support.postgres import fresh_schema
 
 pytestmark = pytest.mark.postgres
@@ -66,42 +62,6 @@ def unique_png(rng: random.Random) -> bytes:
     buffer = io.BytesIO()
     image.save(buffer, "PNG")
     return buffer.getvalue()
-
-
-@contextmanager
-def serving(env: dict[str, str], log_file: Path) -> Iterator[str]:
-    """`cnclip serve` in its own process on a free port, its output (an access log line a request) to
-    `log_file`, not a pipe nobody reads while the load runs (a full pipe would stall the server);
-    its base URL once `/readyz` answers 200."""
-    port = free_port()
-    with open(log_file, "w") as log:
-        process = subprocess.Popen(
-            [sys.executable, "-c", "from cli.main import main; main()", "serve", "--host", "127.0.0.1"]
-            + ["--port", str(port)],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        while True:
-            assert process.poll() is None, log_file.read_text()[-4000:]
-            try:
-                if httpx.get(base + "/readyz", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "the server did not get ready"
-            time.sleep(0.1)
-        yield base
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
 
 
 def upload(client: httpx.Client, rng: random.Random, load: Load) -> Outcome:
@@ -192,7 +152,7 @@ def test_mixed_uploads_deletes_and_searches_at_c32_answer_the_truth_without_5xx(
 ) -> None:
     with fresh_schema() as url:
         env = cli_env(tmp_path / "data", url, toy_model_dir)
-        with serving(env, tmp_path / "serve.log") as base:
+        with running_server(env, log=tmp_path / "serve.log", startup_s=90) as base:
             created = httpx.post(base + "/v1/collections", json={"name": "photos", "kind": "images"}, timeout=30)
             assert created.status_code == 201, created.text
             load, elapsed = run_load(base)

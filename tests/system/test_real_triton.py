@@ -29,9 +29,9 @@ from tritonclient.utils import InferenceServerException
 from api.config import Settings
 from retrieval.preprocess import preprocess_image
 from retrieval.tokenizer import tokenize
-from tests.retrieval.test_triton_export import parse_config
 from tests.support.kserve_server import ServerThread, image_file, local_encoder
 from tests.support.real_triton import RealTriton, unavailable_reason
+from tests.support.triton_configs import parse_config
 
 pytestmark = pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))
 

@@ -286,8 +286,8 @@ def test_server_killed_mid_index_then_the_rerun_resumes(
 def test_texts_go_to_the_shortest_length_model_the_server_offers(tmp_path: Path) -> None:
     """A model with text length buckets, exported with a text model per length: a 10-token query is
     sent to `cnclip_text_l16`, a 25-token caption to `cnclip_text_l32`, and both get the local vectors."""
+    from retrieval.toolchain.toy_model import write_toy_model
     from retrieval.toolchain.triton.export import ExportOptions, export_triton_repository
-    from retrieval.toy_model import write_toy_model
 
     model_dir = tmp_path / "toy-lengths"
     write_toy_model(model_dir, buckets=(1, 4), text_lengths=(16, 32))

@@ -27,8 +27,9 @@ from retrieval.tokenizer import tokenize
 from retrieval.toolchain.triton import server as triton_server
 from retrieval.toolchain.triton.export import ExportOptions, export_triton_repository
 from retrieval.toolchain.triton.server import TritonLaunch, TritonServerError, repository_models
+from tests.support.cli_server import CNCLIP
 from tests.support.kserve_server import free_port, image_file
-from tests.support.real_triton import CNCLIP, RealTriton, unavailable_reason
+from tests.support.real_triton import RealTriton, unavailable_reason
 
 ROOT = Path(__file__).resolve().parents[2]
 needs_wheel = pytest.mark.skipif(unavailable_reason() is not None, reason=str(unavailable_reason()))

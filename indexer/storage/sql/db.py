@@ -39,7 +39,7 @@ from retrieval.regular_file import UnusableFile, open_regular
 
 log = logging.getLogger(__name__)
 
-MIGRATIONS_DIR = Path(__file__).resolve().parent.parent / "migrations"
+MIGRATIONS_DIR = Path(__file__).resolve().parents[3] / "migrations"  # the repository root's migrations/
 MIGRATION_LOCK_KEY = 0x636E636C6970  # "cnclip": the PostgreSQL advisory lock migrations take
 
 

@@ -6,6 +6,7 @@ transaction after that bump; and which upload copies rows still name, asked on t
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 from sqlalchemy import Connection, delete, insert, select, update
 from sqlalchemy.orm import Session
@@ -15,12 +16,31 @@ from indexer.storage.sql.copy_rows import forget_copies_of
 from indexer.storage.sql.models import CollectionRow, DeletedItemRow, ItemRow, utcnow
 
 
+class VersionBump(NamedTuple):
+    """What a version bump read back: the version written and the active model generation's key
+    (None when the collection is gone)."""
+
+    version: int
+    vector_key: str | None
+
+
+def bump_collection(session: Session, collection_id: int) -> VersionBump:
+    """The collection's next version and its active generation's key, in one statement (UPDATE …
+    RETURNING): an insert checks that key under this lock without reading the row again. On
+    PostgreSQL this row stays locked until commit."""
+    bump = (
+        update(CollectionRow)
+        .where(CollectionRow.id == collection_id)
+        .values(version=CollectionRow.version + 1)
+        .returning(CollectionRow.version, CollectionRow.vector_key)
+    )
+    row = session.execute(bump, execution_options={"synchronize_session": False}).first()
+    return VersionBump(int(row[0]), str(row[1])) if row is not None else VersionBump(0, None)
+
+
 def bump_version(session: Session, collection_id: int) -> int:
     """The collection's next version; on PostgreSQL this row stays locked until commit."""
-    session.execute(
-        update(CollectionRow).where(CollectionRow.id == collection_id).values(version=CollectionRow.version + 1)
-    )
-    return int(session.scalar(select(CollectionRow.version).where(CollectionRow.id == collection_id)) or 0)
+    return bump_collection(session, collection_id).version
 
 
 def delete_committed(

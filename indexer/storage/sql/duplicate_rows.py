@@ -13,28 +13,17 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 from sqlalchemy import Engine, func, insert, select, update
 from sqlalchemy.orm import Session
 
+from indexer.domain.duplicates import FileCopy
 from indexer.domain.values import chunks
 from indexer.storage.sql.copy_rows import forget_copy_paths
 from indexer.storage.sql.deletion_rows import bump_version
 from indexer.storage.sql.lock_order import writer_slot
 from indexer.storage.sql.models import ItemCopyRow, ItemRow, utcnow
-
-
-@dataclass(frozen=True)
-class FileCopy:
-    """A file whose bytes an item of the collection has (another path)."""
-
-    sha256: str
-    path: str
-    root: str | None
-    size: int | None
-    mtime: float | None
 
 
 def record_copies(engine: Engine, collection_id: int, copies: Sequence[FileCopy]) -> None:

@@ -21,60 +21,20 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
-from datetime import datetime
+from dataclasses import replace
 
 import numpy as np
 from sqlalchemy import Engine, Integer, delete, exists, func, insert, literal, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from indexer.domain.generations import ACTIVE, PREVIOUS, SHADOW, Generation, MigrationStatus, other_shadow
 from indexer.domain.records import CollectionState
 from indexer.domain.values import aware, chunks, vector_matrix
 from indexer.errors import MigrationRefused
 from indexer.storage.sql.deletion_rows import bump_version
 from indexer.storage.sql.lock_order import writer_slot
 from indexer.storage.sql.models import CollectionRow, GenerationRow, GenerationVectorRow, ItemRow, VectorRow, utcnow
-
-SHADOW, PREVIOUS, ACTIVE = "shadow", "previous", "active"
-
-
-@dataclass(frozen=True)
-class Generation:
-    """One generation of a collection's vectors."""
-
-    role: str  # active | shadow | previous
-    number: int
-    model: str
-    dim: int
-    vector_key: str
-    vectors: int  # items of the collection it has a vector for
-    created_at: datetime | None = None
-    swapped_at: datetime | None = None  # when it stopped being active (a previous one)
-    id: int | None = None  # None for the active one (its row is the collection's)
-
-
-@dataclass(frozen=True)
-class MigrationStatus:
-    """Where a collection stands: its items, the active generation and the others."""
-
-    collection: str
-    items: int
-    active: Generation
-    shadow: Generation | None
-    previous: Generation | None
-
-    @property
-    def missing(self) -> int:
-        """Items the shadow still lacks a vector for (0 without a shadow)."""
-        return self.items - self.shadow.vectors if self.shadow is not None else 0
-
-    @property
-    def coverage(self) -> float:
-        """Share of the items the shadow covers (1.0 for an empty collection or without a shadow)."""
-        if self.shadow is None or self.items == 0:
-            return 1.0
-        return self.shadow.vectors / self.items
 
 
 def _generation(row: GenerationRow, vectors: int) -> Generation:
@@ -312,11 +272,4 @@ def _nothing_to(role: str, name: str) -> str:
         return f"collection {name!r} has no previous generation to go back to or drop (none kept, or dropped)"
     return (
         f"collection {name!r} has no migration in progress (start one: cnclip migrate --collection {name} --model DIR)"
-    )
-
-
-def other_shadow(name: str, model: str) -> str:
-    return (
-        f"collection {name!r} is migrating to {model} already; finish it (--swap) or drop it (--drop-shadow) "
-        "before migrating to another model"
     )

@@ -25,6 +25,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
 )
 from sqlalchemy.engine import Dialect
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -81,6 +82,8 @@ class CollectionRow(Base):
     vector_key: Mapped[str] = mapped_column(String(32))
     # The active model generation's number (0: the first); others live in `generations` (indexer/storage/sql/generations.py).
     generation: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    # Text in photos is recognised at index time (issue 32; indexer/bulk/ocr_stage.py); kept for later runs.
+    ocr: Mapped[bool] = mapped_column(Boolean, default=False, server_default=false())
 
 
 class ItemRow(Base):
@@ -249,3 +252,47 @@ class DuplicateCalibrationRow(Base):
     threshold: Mapped[float | None] = mapped_column(Float)
     details: Mapped[str] = mapped_column(Text)
     computed_at: Mapped[datetime] = mapped_column(DateTime(), default=utcnow)
+
+
+class ItemTextRow(Base):
+    """The text recognised in an image item (issue 32): `text` as read, lines joined by "\\n";
+    `normalized` its search form (indexer/domain/text_grams.py); `lines` JSON, a list of
+    {"text", "box": [[x, y] × 4], "score"}. An empty `text` means recognised, nothing found."""
+
+    __tablename__ = "item_texts"
+    __table_args__ = (Index("ix_item_texts_collection_item", "collection_id", "item_id"),)
+
+    item_id: Mapped[int] = mapped_column(ItemId, ForeignKey("items.id", ondelete="CASCADE"), primary_key=True)
+    collection_id: Mapped[int] = mapped_column(ForeignKey("collections.id", ondelete="CASCADE"))
+    text: Mapped[str] = mapped_column(Text)
+    normalized: Mapped[str] = mapped_column(Text)
+    lines: Mapped[str] = mapped_column(Text)
+    engine: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[datetime] = mapped_column(DateTime(), default=utcnow)
+
+
+class ItemTextGramRow(Base):
+    """One row per 1-, 2- or 3-character substring of an item's normalized text: a query of any
+    length is found by index lookups (indexer/storage/sql/text_search.py). `occurrences` (how often
+    the gram occurs, without overlap) and `coverage` (occurrences × gram length / text length) are the
+    rank of a query that is this gram, so the ranking index answers it from the postings alone."""
+
+    __tablename__ = "item_text_grams"
+    __table_args__ = (Index("ix_item_text_grams_item", "item_id"),)
+
+    collection_id: Mapped[int] = mapped_column(ForeignKey("collections.id", ondelete="CASCADE"), primary_key=True)
+    gram: Mapped[str] = mapped_column(String(16), primary_key=True)
+    item_id: Mapped[int] = mapped_column(ItemId, ForeignKey("items.id", ondelete="CASCADE"), primary_key=True)
+    occurrences: Mapped[int] = mapped_column(Integer)
+    coverage: Mapped[float] = mapped_column(Float)
+
+
+# A query of one gram walks its postings in rank order and stops after the page (text_search.py).
+Index(
+    "ix_item_text_grams_rank",
+    ItemTextGramRow.collection_id,
+    ItemTextGramRow.gram,
+    ItemTextGramRow.coverage.desc(),
+    ItemTextGramRow.occurrences.desc(),
+    ItemTextGramRow.item_id,
+)

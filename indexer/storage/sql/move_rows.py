@@ -12,25 +12,21 @@ them (indexer/storage/sync.py).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import datetime
-from typing import TYPE_CHECKING, Protocol, cast
+from typing import cast
 
 from sqlalchemy import Engine, Table, bindparam, select, update
 from sqlalchemy.orm import Session
 
-from indexer.bulk.moves import FileMoves
-from indexer.domain.records import FileState, TakenSource
+from indexer.domain.duplicates import FileCopy
+from indexer.domain.records import FileMoves, FileState, TakenSource
 from indexer.domain.values import chunks, naive_utc
 from indexer.storage.sql.copy_rows import forget_copy_paths
 from indexer.storage.sql.deletion_rows import bump_version, delete_rows
-from indexer.storage.sql.duplicate_rows import FileCopy
 from indexer.storage.sql.lock_order import writer_slot
 from indexer.storage.sql.models import ItemCopyRow, ItemRow, utcnow
 from indexer.storage.sql.rows import ItemRows, _epoch
-
-if TYPE_CHECKING:
-    from indexer.domain.records import CollectionState
 
 
 def move_items(rows: ItemRows, collection_id: int, moves: FileMoves) -> int:
@@ -137,24 +133,20 @@ def copies_of(engine: Engine, collection_id: int, shas: Sequence[str]) -> dict[s
     return found
 
 
-class _Catalog(Protocol):
-    engine: Engine
-    rows: ItemRows
-
-    def collection(self, name: str) -> CollectionState: ...
-
-    def _after_write(self, collection_id: int, version: int | None) -> None: ...
-
-
 class CatalogMoves:
-    """Mixed into `SqlCatalog`: every method takes a collection name the caller has checked."""
+    """The `MoveStore` port (indexer/service/ports.py), held by `SqlCatalog` as `moves`: every method takes
+    the id of a collection the caller resolved; `after_write(collection id, version)` lets the catalog's
+    stores catch up after a commit."""
 
-    def move_files(self: _Catalog, name: str, moves: FileMoves) -> None:
-        state = self.collection(name)
-        self._after_write(state.id, move_items(self.rows, state.id, moves))
+    def __init__(self, rows: ItemRows, after_write: Callable[[int, int | None], None]) -> None:
+        self.rows = rows
+        self.after_write = after_write
 
-    def copies_of(self: _Catalog, name: str, shas: Sequence[str]) -> dict[str, list[FileCopy]]:
-        return copies_of(self.engine, self.collection(name).id, shas)
+    def move_files(self, collection_id: int, moves: FileMoves) -> None:
+        self.after_write(collection_id, move_items(self.rows, collection_id, moves))
 
-    def files_with(self: _Catalog, name: str, shas: Sequence[str]) -> dict[str, tuple[str, FileState]]:
-        return files_with(self.engine, self.collection(name).id, shas)
+    def copies_of(self, collection_id: int, shas: Sequence[str]) -> dict[str, list[FileCopy]]:
+        return copies_of(self.rows.engine, collection_id, shas)
+
+    def files_with(self, collection_id: int, shas: Sequence[str]) -> dict[str, tuple[str, FileState]]:
+        return files_with(self.rows.engine, collection_id, shas)

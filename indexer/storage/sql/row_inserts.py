@@ -15,7 +15,7 @@ from indexer.domain.records import AddResult, CollectionState
 from indexer.domain.values import chunks
 from indexer.errors import GenerationMoved
 from indexer.storage.media.store import media_writes, store_media
-from indexer.storage.sql.models import CollectionRow, DeletedItemRow, ItemRow, ItemTagRow, VectorRow, utcnow
+from indexer.storage.sql.models import DeletedItemRow, ItemRow, ItemTagRow, VectorRow, utcnow
 
 # Every column a bulk insert names (a multi-row INSERT needs the same keys in every row).
 _EMPTY_ITEM: dict[str, Any] = dict.fromkeys(
@@ -56,6 +56,7 @@ class NewRows:
         self,
         collection: CollectionState,
         version: int,
+        active_key: str | None,
         known: dict[str, int],
         deleted: set[str],
         media_dir: Path,
@@ -63,6 +64,7 @@ class NewRows:
     ) -> None:
         self.collection = collection
         self.version = version
+        self.active_key = active_key  # the active generation's key, read back by the version bump (the lock)
         self.known = known
         self.deleted = deleted  # bytes a user deleted from the collection: a bulk-indexed file stays out
         self.media_dir = media_dir
@@ -109,8 +111,7 @@ class NewRows:
         if self.values:
             # Under the collection's lock (the version bump): a swap that committed since the caller read
             # the collection must not get vectors of the model it replaced (indexer/storage/sql/generations.py).
-            key = session.scalar(select(CollectionRow.vector_key).where(CollectionRow.id == self.collection.id))
-            if key != self.collection.vector_key:
+            if self.active_key != self.collection.vector_key:
                 raise GenerationMoved(f"collection {self.collection.name!r} swapped its model generation; embed again")
             # Core bulk inserts (one multi-row INSERT … RETURNING): the ORM unit of work cost ~3 ms a row.
             insert_items = insert(ItemRow).returning(ItemRow.id, sort_by_parameter_order=True)

@@ -26,20 +26,28 @@ from datetime import UTC, datetime
 from typing import Any
 
 import numpy as np
-from sqlalchemy import Connection, Engine, delete, exists, func, select, update
+from sqlalchemy import Connection, Engine, delete, func, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from indexer.domain.names import collection_key
-from indexer.domain.records import AddResult, CollectionKind, CollectionState, FileState, ItemRecord, SearchFilters
-from indexer.domain.values import aware, chunks, naive_utc, vector_matrix
+from indexer.domain.records import (
+    AddResult,
+    CollectionKind,
+    CollectionState,
+    FileState,
+    ItemAttrs,
+    ItemRecord,
+    SearchFilters,
+)
+from indexer.domain.values import aware, chunks, vector_matrix
 from indexer.storage.media.sweep import remove_unused_copies
 from indexer.storage.sql.copy_rows import forget_copy_paths
-from indexer.storage.sql.deletion_rows import bump_version, delete_committed, delete_rows, uploads_in_use_on
+from indexer.storage.sql.deletion_rows import bump_collection, delete_committed, delete_rows, uploads_in_use_on
+from indexer.storage.sql.item_filters import filter_conditions
 from indexer.storage.sql.lock_order import writer_slot
-from indexer.storage.sql.models import CollectionRow, DeletedItemRow, ItemRow, ItemTagRow, VectorRow, utcnow
+from indexer.storage.sql.models import CollectionRow, DeletedItemRow, ItemRow, VectorRow, utcnow
 from indexer.storage.sql.row_inserts import NewRows, known_shas, remembered_shas
-from indexer.storage.vectors.base import ItemAttrs
 from retrieval.errors import Conflict, NotFound
 
 log = logging.getLogger(__name__)
@@ -64,6 +72,7 @@ def _state(row: CollectionRow) -> CollectionState:
         vector_key=row.vector_key,
         created_at=aware(row.created_at),
         generation=int(row.generation or 0),
+        ocr=bool(row.ocr),
     )
 
 
@@ -174,7 +183,7 @@ class ItemRows:
             ExitStack() as media_guard,
             Session(self.engine, expire_on_commit=False) as session,
         ):
-            version = bump_version(session, collection.id)
+            version, active_key = bump_collection(session, collection.id)
             known = known_shas(session, collection.id, {row["sha256"] for row in rows})
             # Read after the version bump, which a user's deletion takes too: a deletion that committed
             # while this batch was being embedded is seen here, so its bytes do not come back.
@@ -186,7 +195,7 @@ class ItemRows:
                 # Superseded rows go first so that the unique (collection, sha256) never trips on them.
                 delete_rows(session, collection.id, replaced, version, "replaced", remembered=False)
                 known = {sha: i for sha, i in known.items() if i not in replaced}
-            batch = NewRows(collection, version, known, deleted, self.media_dir, media_guard)
+            batch = NewRows(collection, version, active_key, known, deleted, self.media_dir, media_guard)
             for position, row in enumerate(rows):
                 batch.take(position, row)
             results = batch.insert(session, unit)
@@ -375,18 +384,6 @@ class ItemRows:
 
     def filter_ids(self, collection_id: int, filters: SearchFilters) -> np.ndarray:
         """Ids of the collection's items that pass `filters` (the FAISS engine's allow-list)."""
-        query = select(ItemRow.id).where(ItemRow.collection_id == collection_id)
-        if filters.mime:
-            query = query.where(ItemRow.mime.in_(filters.mime))
-        if filters.date_from:
-            query = query.where(ItemRow.created_at >= naive_utc(filters.date_from))
-        if filters.date_to:
-            query = query.where(ItemRow.created_at <= naive_utc(filters.date_to))
-        if filters.taken_from:
-            query = query.where(ItemRow.taken_at >= naive_utc(filters.taken_from))
-        if filters.taken_to:
-            query = query.where(ItemRow.taken_at <= naive_utc(filters.taken_to))
-        for tag in sorted(set(filters.tags or [])):
-            query = query.where(exists().where(ItemTagRow.item_id == ItemRow.id, ItemTagRow.tag == tag))
+        query = select(ItemRow.id).where(ItemRow.collection_id == collection_id, *filter_conditions(filters))
         with Session(self.engine) as session:
             return np.fromiter(session.scalars(query), dtype=np.int64)

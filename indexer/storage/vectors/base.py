@@ -14,12 +14,11 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Protocol
 
 import numpy as np
 
-from indexer.domain.records import SearchFilters
+from indexer.domain.records import ItemAttrs, SearchFilters
 from indexer.errors import VectorStoreBusy, VectorStoreIncompatible, VectorStoreUnavailable
 
 __all__ = [
@@ -55,16 +54,6 @@ def id_checksum(ids: np.ndarray) -> int:
     """Order-independent checksum of a set of ids (reconcile compares count, max id and this)."""
     mixed = (np.asarray(ids, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)) ^ np.uint64(0xBF58476D1CE4E5B9)
     return int(np.bitwise_xor.reduce(mixed)) if len(mixed) else 0
-
-
-@dataclass(frozen=True)
-class ItemAttrs:
-    """The fields search filters look at, for engines that filter inside the engine (Milvus)."""
-
-    mime: str | None
-    tags: tuple[str, ...]
-    created_at: datetime  # naive UTC, like SQL
-    taken_at: datetime | None = None  # naive UTC; None: unknown (never passes a taken_from/taken_to filter)
 
 
 @dataclass(frozen=True)

@@ -1,93 +1,19 @@
-"""The registry of vector engines: one record per value of `CNCLIP_VECTOR_STORE`, and the only
-place that chooses an engine by name.
-
-A record says where the engine lives (a module with `open_engine(settings, database_url)`, imported
-only when the engine is chosen: `cnclip demo` never imports pymilvus), which pip extra installs it,
-what it is good for, and what a serving process sets up for it. Everything else talks to the
-engine through the `VectorEngine` protocol (indexer/storage/vectors/base.py).
-
-Milvus Lite and a Milvus server are one record: one setting value, and `CNCLIP_MILVUS_URI` alone
-moves a collection from one to the other (a `*.db` path is Lite, `http://…` a server). What differs
-between them (one process per Lite file; the server's version decides nullable fields, filter
-templates and index types) is decided at connect, in milvus_store.py / milvus_plan.py.
-
-Adding an engine: a module under indexer/ with `open_engine(settings, database_url) -> VectorEngine`
-(and its `VectorStore`), plus one line in `ENGINES` (docs/architecture.md walks through it).
-"""
+"""Opening the vector engine the settings name (the records: indexer/engines.py): its module is imported
+only now, when it is chosen, so `cnclip demo` never imports pymilvus; and the search tuning every
+engine reads from the settings."""
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import cast
 
+from indexer.config import StorageSettings
+from indexer.engines import engine_record
 from indexer.storage.vectors.base import SearchTuning, VectorEngine
 from retrieval.errors import InvalidInput
 
 
-def _nothing() -> None:
-    return None
-
-
-def _faiss_one_thread_per_search() -> None:
-    # One request = one small FAISS search; the server runs many of them at once on its worker
-    # threads. FAISS's own OpenMP threads per search only spin against each other (measured on
-    # a busy 2-core host: 27 ms -> 0.1 ms per search of a small collection with one thread).
-    import faiss
-
-    faiss.omp_set_num_threads(1)
-
-
-@dataclass(frozen=True)
-class EngineRecord:
-    """One vector engine: its `CNCLIP_VECTOR_STORE` name and how to open it."""
-
-    name: str
-    module: str  # has `open_engine(settings, database_url) -> VectorEngine`
-    summary: str  # what it is, for users (docs/architecture.md, the settings error)
-    extra: str | None = None  # the pip extra that installs its client (`pip install cnclip-search[milvus]`)
-    # Called once by a serving process (`cnclip serve`) before it opens the catalog.
-    prepare_for_serving: Callable[[], None] = field(default=_nothing, compare=False)
-
-    def open(self, settings: Any, database_url: str) -> VectorEngine:
-        """The engine for these settings (one per catalog)."""
-        try:
-            module = importlib.import_module(self.module)
-        except ImportError as exc:
-            hint = f" (pip install 'cnclip-search[{self.extra}]')" if self.extra else ""
-            raise InvalidInput(f"the {self.name} vector engine is not installed{hint}: {exc}") from exc
-        return cast(VectorEngine, module.open_engine(settings, database_url))
-
-
-ENGINES: dict[str, EngineRecord] = {
-    record.name: record
-    for record in (
-        EngineRecord(
-            "faiss",
-            "indexer.storage.vectors.faiss.store",
-            "FAISS files under the data dir: embedded, every process keeps its own copy caught up from SQL",
-            prepare_for_serving=_faiss_one_thread_per_search,
-        ),
-        EngineRecord(
-            "milvus",
-            "indexer.storage.vectors.milvus.store",
-            "Milvus: a Lite *.db file (one process at a time) or a server/cluster at http://host:19530",
-            extra="milvus",
-        ),
-    )
-}
-
-
-def engine_record(name: str) -> EngineRecord:
-    """The record `CNCLIP_VECTOR_STORE=name` selects; `InvalidInput` naming the choices otherwise."""
-    record = ENGINES.get(name)
-    if record is None:
-        raise InvalidInput(f"unknown vector engine {name!r}: choose one of {', '.join(ENGINES)}")
-    return record
-
-
-def search_tuning(settings: Any) -> SearchTuning:
+def search_tuning(settings: StorageSettings) -> SearchTuning:
     """The settings' search tuning, which every engine reads."""
     return SearchTuning(
         rerank_factor=settings.search_rerank_factor,
@@ -97,6 +23,12 @@ def search_tuning(settings: Any) -> SearchTuning:
     )
 
 
-def open_vector_engine(settings: Any, database_url: str) -> VectorEngine:
-    """The engine `CNCLIP_VECTOR_STORE` names, for the catalog at `database_url`."""
-    return engine_record(settings.vector_store).open(settings, database_url)
+def open_vector_engine(settings: StorageSettings, database_url: str) -> VectorEngine:
+    """The engine `CNCLIP_VECTOR_STORE` names, for the catalog at `database_url` (one per catalog)."""
+    record = engine_record(settings.vector_store)
+    try:
+        module = importlib.import_module(record.module)
+    except ImportError as exc:
+        hint = f" (pip install 'cnclip-search[{record.extra}]')" if record.extra else ""
+        raise InvalidInput(f"the {record.name} vector engine is not installed{hint}: {exc}") from exc
+    return cast(VectorEngine, module.open_engine(settings, database_url))

@@ -1,7 +1,7 @@
 """`cnclip convert`'s last step: the quality gate for every engine × run precision, recorded in the manifest.
 
 After the PyTorch parity check, every usable backend (retrieval/backends/) runs every precision it
-offers for each tower, judged against the fp32 graphs (retrieval/gate.py). The results go into the
+offers for each tower, judged against the fp32 graphs (retrieval/toolchain/gate.py). The results go into the
 manifest's `extra.gate` (the runtime never picks what failed there). A tower's calibrated int8
 (`int8-qdq`) graphs that no engine passes are removed from the model directory: refused, not
 shipped. ONNX Runtime's own int8/fp16 graphs stay (they always shipped), but a failure recorded for
@@ -16,10 +16,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from retrieval.backends import DEFAULT_BACKEND
-from retrieval.gate import Candidate, GateResult, gate_record, run_gate
 from retrieval.manifest import ModelManifest, TowerSpec
 from retrieval.toolchain.convert.report import ConvertReport
-from retrieval.tune import candidates
+from retrieval.toolchain.gate import Candidate, GateResult, gate_record, run_gate
+from retrieval.toolchain.tune.tuner import candidates
 from retrieval.tuning import machine_fingerprint
 
 REFUSABLE = ("int8-qdq",)  # graph variants that are dropped when no engine passes them

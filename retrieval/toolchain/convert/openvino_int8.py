@@ -14,7 +14,7 @@ Calibration set (activation ranges are fitted to it, so it should look like what
   judges a graph on the inputs it was fitted to;
 - texts: `--calibration-texts FILE` (UTF-8, one text per line), or the captions below — everyday
   Chinese photo captions, none of them in the parity sentences.
-The quality gate (retrieval/gate.py) then decides, per backend and tower, whether the result is good
+The quality gate (retrieval/toolchain/gate.py) then decides, per backend and tower, whether the result is good
 enough; `cnclip convert` drops a tower's int8-qdq graphs that fail it.
 """
 

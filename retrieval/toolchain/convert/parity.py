@@ -17,16 +17,16 @@ import torch
 import torch.nn.functional as F
 
 from retrieval.errors import ModelError
+from retrieval.toolchain.convert.export import tower_module
+from retrieval.toolchain.convert.model import CLIP
 
 # The parity set and the comparisons live in the runtime's quality gate (no torch there); the
 # converter imports them, and its callers keep importing them from here.
-from retrieval.gate import PARITY_SENTENCES as PARITY_SENTENCES
-from retrieval.gate import cosines as cosines
-from retrieval.gate import parity_images
-from retrieval.gate import run_in_buckets as run_in_buckets
-from retrieval.gate import topk_overlap as topk_overlap
-from retrieval.toolchain.convert.export import tower_module
-from retrieval.toolchain.convert.model import CLIP
+from retrieval.toolchain.gate import PARITY_SENTENCES as PARITY_SENTENCES
+from retrieval.toolchain.gate import cosines as cosines
+from retrieval.toolchain.gate import parity_images
+from retrieval.toolchain.gate import run_in_buckets as run_in_buckets
+from retrieval.toolchain.gate import topk_overlap as topk_overlap
 
 THRESHOLDS = {"fp32": 0.99999, "fp16": 0.999}
 
@@ -54,7 +54,7 @@ class TowerParity:
 
 def sample_images(count: int, resolution: int, seed: int = 0) -> np.ndarray:
     """`count` smooth random pictures, preprocessed like cn_clip's transform: float32 [n, 3, R, R].
-    The quality gate's parity images (retrieval/gate.py), so the converter and the gate use one set."""
+    The quality gate's parity images (retrieval/toolchain/gate.py), so the converter and the gate use one set."""
     return parity_images(count, resolution, seed)
 
 

@@ -11,13 +11,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from indexer.bulk.pipeline import ImageIndexer, IndexSummary
 from indexer.storage.catalog import SqlCatalog
 from retrieval.errors import InvalidImage
 from retrieval.fake import FakeEncoder
-from tests.support.indexer_helpers import jpeg, open_test_catalog, png, service_for
+from tests.support.indexer_helpers import jpeg, png, service_for
 
 DIM = 16
 
@@ -32,13 +31,6 @@ class PickyEncoder(FakeEncoder):
 
     def embedded(self) -> int:
         return sum(n for tower, n in self.calls if tower == "image")
-
-
-@pytest.fixture
-def catalog(tmp_path: Path, database_url: str) -> SqlCatalog:
-    opened = open_test_catalog(tmp_path / "data", database_url)
-    yield opened
-    opened.close()
 
 
 def make_folder(root: Path, count: int = 12) -> Path:

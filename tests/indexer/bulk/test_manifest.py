@@ -5,7 +5,7 @@ import pytest
 
 from retrieval.errors import ModelError
 from retrieval.manifest import MANIFEST_NAME, ModelManifest, same_model
-from retrieval.toy_model import write_toy_model
+from retrieval.toolchain.toy_model import write_toy_model
 
 
 def test_toy_manifest_round_trips(toy_model_dir: Path) -> None:

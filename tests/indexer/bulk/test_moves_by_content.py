@@ -11,7 +11,7 @@ import asyncio
 import hashlib
 import io
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -33,13 +33,6 @@ from retrieval.fake import FakeEncoder
 from tests.support.indexer_helpers import cli_env, jpeg, open_test_catalog, service_for
 
 DIM = 16
-
-
-@pytest.fixture
-def catalog(tmp_path: Path, database_url: str) -> Iterator[SqlCatalog]:
-    opened = open_test_catalog(tmp_path / "data", database_url)
-    yield opened
-    opened.close()
 
 
 def bmp(value: int) -> bytes:
@@ -386,7 +379,7 @@ def test_a_watcher_pass_replaces_nothing_while_the_folder_moves(catalog: SqlCata
     ids = {sha: item for _, (item, sha) in snapshot(service).items()}
     (folder / "a.bmp").rename(folder / "d.bmp")
     (folder / "c.bmp").rename(folder / "a.bmp")
-    watcher_pass = FolderPass(service, "photos", PinnedRoot.pin(folder), batch_size=2)
+    watcher_pass = FolderPass(ImageIndexer(service, "photos", batch_size=2), PinnedRoot.pin(folder))
     watcher_pass.hold_prunes = lambda: True  # hints arrived while the pass ran
     asyncio.run(watcher_pass.hinted([str(folder / "a.bmp")], asyncio.Event()))
     assert deletions(catalog) == [] and images(service) == 2

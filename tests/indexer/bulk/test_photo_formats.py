@@ -27,7 +27,7 @@ from retrieval.fake import FakeEncoder
 from retrieval.preprocess import decode_image, preprocess_image, read_header
 from tests.support.api_helpers import api_client
 from tests.support.decode_load import v2_bytes_request
-from tests.support.indexer_helpers import jpeg, open_test_catalog, service_for
+from tests.support.indexer_helpers import jpeg, service_for
 from tests.support.photo_fixtures import (
     avif_bytes,
     burst_heic,
@@ -195,13 +195,6 @@ class DecodingEncoder(FakeEncoder):
         for data in images:
             preprocess_image(data)
         return await super().embed_images(images)
-
-
-@pytest.fixture
-def catalog(tmp_path: Path, database_url: str) -> SqlCatalog:
-    opened = open_test_catalog(tmp_path / "data", database_url)
-    yield opened
-    opened.close()
 
 
 def test_a_folder_of_phone_and_camera_photos_indexes_with_exact_counts(catalog: SqlCatalog, tmp_path: Path) -> None:

@@ -26,8 +26,8 @@ from indexer.domain.index_spec import (
 from indexer.storage.vectors.base import SearchTuning
 from indexer.storage.vectors.faiss.index import IndexFileError, VectorIndex
 from indexer.storage.vectors.milvus.plan import LITE, IndexPlan, plan_index, server_capabilities
+from tests.support.cli_server import running_server
 from tests.support.indexer_helpers import cli_env, open_test_catalog, random_unit, write_images
-from tests.system.test_many_processes import running_server
 
 DIM = 32
 SERVER = server_capabilities("v2.3.5")  # the Milvus server the suite runs

@@ -20,10 +20,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import TypeAdapter, ValidationError
 
+from api.config import Settings
 from api.schemas import NAME_PATTERN, CollectionName
 from indexer.domain.names import COLLECTION_NAME_PATTERN, SCRIPT_BLOCKS, check_collection_name
 from retrieval.errors import InvalidInput
-from tests.contract.test_openapi import current_document
+from tests.support.openapi_document import current_document
 
 NAME_FIELDS = {"name", "collection", "label_set"}
 EDGE_CASES = ["", "a" * 64, "a" * 65, "照" * 64, "_a", "-a", ".a", "a_", "a-b.c", "a b", "a\n", "a\x00", "a/b"]
@@ -145,7 +146,7 @@ def test_every_accepted_name_is_already_nfkc(name: str) -> None:
 
 
 @pytest.mark.parametrize("name", ["ŉ", "ǅ", "a\u0483", "Ǆ"])
-def test_the_routes_refuse_what_the_pattern_refuses(settings: Any, name: str) -> None:
+def test_the_routes_refuse_what_the_pattern_refuses(settings: Settings, name: str) -> None:
     """The finding: GET/DELETE /v1/collections/ŉ was a 422 from the service although the pattern allowed it."""
     from tests.support.api_helpers import api_client
 
@@ -156,7 +157,7 @@ def test_the_routes_refuse_what_the_pattern_refuses(settings: Any, name: str) ->
 
 
 @pytest.mark.parametrize("name", ["ŊŋƀǍ", "Ωmega", "Жук", "がぎ", "ヽヾ", "사진", "照片_2024-01.x"])
-def test_the_routes_take_every_name_the_pattern_takes(settings: Any, name: str) -> None:
+def test_the_routes_take_every_name_the_pattern_takes(settings: Settings, name: str) -> None:
     from tests.support.api_helpers import api_client
 
     with api_client(settings) as client:

@@ -16,10 +16,10 @@ from sqlalchemy import text
 
 from indexer.bulk.pipeline import ImageIndexer, IndexSummary
 from indexer.domain.records import NewImage
+from indexer.domain.taken import exif_taken, parse_exif_datetime, taken_of
 from indexer.storage.catalog import SqlCatalog
-from indexer.storage.sql.taken import exif_taken, parse_exif_datetime, taken_of
 from retrieval.fake import FakeEncoder
-from tests.support.indexer_helpers import open_test_catalog, random_unit, service_for
+from tests.support.indexer_helpers import random_unit, service_for
 
 DIM = 16
 MTIME = 1_600_000_000  # 2020-09-13T12:26:40Z
@@ -68,13 +68,6 @@ def test_exif_dates_offsets_and_junk(monkeypatch: pytest.MonkeyPatch) -> None:
     assert taken_of(photo(3), MTIME) == (datetime.fromtimestamp(MTIME, UTC), "mtime")
     moment, source = taken_of(photo(3), None)
     assert source == "upload" and abs(moment - datetime.now(UTC)) < timedelta(seconds=5)
-
-
-@pytest.fixture
-def catalog(tmp_path: Path, database_url: str) -> SqlCatalog:
-    catalog = open_test_catalog(tmp_path / "data", database_url)
-    yield catalog
-    catalog.close()
 
 
 class CountingEncoder(FakeEncoder):
@@ -136,7 +129,7 @@ def test_uploads_get_their_exif_date_or_their_upload_time(catalog: SqlCatalog) -
     before = datetime.now(UTC)
     ids = [
         r.id
-        for r in service.add_images(
+        for r in service.writes.add_images(
             "photos", [NewImage(photo(1, "2017:02:03 04:05:06", "+01:00")), NewImage(photo(2))], random_unit(2, DIM)
         )
     ]

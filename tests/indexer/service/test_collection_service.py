@@ -25,13 +25,6 @@ from tests.support.indexer_helpers import jpeg, open_test_catalog, random_unit, 
 DIM = 32
 
 
-@pytest.fixture
-def catalog(tmp_path: Path, database_url: str):
-    catalog = open_test_catalog(tmp_path / "data", database_url)
-    yield catalog
-    catalog.close()
-
-
 def images(count: int, start: int = 0) -> list[NewImage]:
     return [NewImage(data=jpeg(start + i)) for i in range(count)]
 
@@ -40,11 +33,11 @@ def test_a_write_with_another_model_is_refused_like_a_search(catalog) -> None:
     old = service_for(catalog, FakeEncoder(dim=DIM, model_id="old@0123456789ab"))
     new = service_for(catalog, FakeEncoder(dim=DIM, model_id="new@ba9876543210"))
     old.create("photos", "images")
-    old.add_images("photos", images(2), random_unit(2, DIM))
+    old.writes.add_images("photos", images(2), random_unit(2, DIM))
     with pytest.raises(InvalidInput, match="Re-index it with this model") as write:
-        new.add_images("photos", images(1, start=5), random_unit(1, DIM))
+        new.writes.add_images("photos", images(1, start=5), random_unit(1, DIM))
     with pytest.raises(InvalidInput, match="Re-index it with this model") as read:
-        new.search("photos", "images", random_unit(1, DIM)[0], PageRequest(k=5))
+        new.search.vector("photos", "images", random_unit(1, DIM)[0], PageRequest(k=5))
     assert str(write.value) == str(read.value)  # one rule, one message
     assert catalog.get_collection("photos").items == 2  # nothing was written
 
@@ -73,7 +66,7 @@ def test_names_are_one_rule_and_case_insensitive(catalog) -> None:
     with pytest.raises(Conflict, match="case-insensitive"):
         service.create("DEMO", "texts")
     assert service.get("Demo").name == "demo"
-    service.add_images("DEMO", images(1), random_unit(1, DIM))  # any case names the same collection
+    service.writes.add_images("DEMO", images(1), random_unit(1, DIM))  # any case names the same collection
     assert service.get("demo").items == 1
     for bad in ["", "_x", "a b", "a/b", "x" * 65, "ｄｅｍｏ", "demo\n", "..", "-a"]:
         with pytest.raises(InvalidInput):
@@ -189,7 +182,7 @@ def test_the_version_check_of_an_unchanged_collection_is_cheap(tmp_path: Path, d
 def test_unknown_collection_is_404_and_deleting_one_needs_its_name(catalog) -> None:
     service = service_for(catalog, FakeEncoder(dim=DIM))
     with pytest.raises(NotFound):
-        service.search("nothing", "images", random_unit(1, DIM)[0], PageRequest(k=3))
+        service.search.vector("nothing", "images", random_unit(1, DIM)[0], PageRequest(k=3))
     with pytest.raises(NotFound):
         service.delete_collection("nothing")
 
@@ -202,17 +195,17 @@ def test_defaults_kind_and_model_are_the_services_rules_with_one_error(catalog) 
     first = service.create("photos", "images")
     service.create("captions", "texts")
     service.create("more", "images")
-    assert service.resolve(None, "images").name == "photos"  # the oldest
-    assert service.resolve(None, "texts").name == "captions"
+    assert service.resolver.resolve(None, "images").name == "photos"  # the oldest
+    assert service.resolver.resolve(None, "texts").name == "captions"
     assert service.ensure("photos", "images").id == first.id
     other = service_for(catalog, FakeEncoder(dim=DIM, model_id="other-model"))
     with pytest.raises(InvalidInput, match="Re-index it with this model") as ensured:
         other.ensure("photos", "images")
     with pytest.raises(InvalidInput, match="Re-index it with this model") as added:
-        other.add_images("photos", images(1), random_unit(1, DIM))
+        other.writes.add_images("photos", images(1), random_unit(1, DIM))
     assert str(ensured.value) == str(added.value)
     with pytest.raises(InvalidInput, match="collection 'captions' holds texts; adding images needs an image"):
-        service.add_images("captions", images(1), random_unit(1, DIM))
+        service.writes.add_images("captions", images(1), random_unit(1, DIM))
     assert not hasattr(catalog, "ensure_collection") and not hasattr(catalog, "default_collection")
     assert catalog.get_collection("photos").items == catalog.get_collection("captions").items == 0
 
@@ -225,9 +218,9 @@ def test_resolve_reads_sql_and_opens_no_vector_store(catalog) -> None:
     opened: list[str] = []
     real_open = catalog.vectors.open
     catalog.vectors.open = lambda spec, *rest: opened.append(spec.name) or real_open(spec, *rest)  # type: ignore[method-assign]
-    service.resolve("photos", "images")
-    service.resolve(None, "images")
-    service.add_images("photos", images(3), random_unit(3, DIM))
+    service.resolver.resolve("photos", "images")
+    service.resolver.resolve(None, "images")
+    service.writes.add_images("photos", images(3), random_unit(3, DIM))
     assert opened == [] and catalog.stores.held(catalog.collection("photos").id) is None
-    found = service.search("photos", "images", random_unit(1, DIM)[0], PageRequest(k=5))
+    found = service.search.vector("photos", "images", random_unit(1, DIM)[0], PageRequest(k=5))
     assert opened == ["photos"] and len(found.results) == 3

@@ -30,13 +30,6 @@ from tests.support.postgres import fresh_schema
 DIM = 32
 
 
-@pytest.fixture
-def catalog(tmp_path: Path, database_url: str):  # type: ignore[no-untyped-def]
-    catalog = open_test_catalog(tmp_path / "data", database_url)
-    yield catalog
-    catalog.close()
-
-
 class EncoderWithAMomentInside(FakeEncoder):
     """Runs `during` once, inside the first embedding call: what another process does meanwhile."""
 
@@ -81,9 +74,9 @@ def test_an_upload_of_deleted_bytes_is_added_again(catalog) -> None:  # type: ig
     again asks for them explicitly."""
     service = service_for(catalog, FakeEncoder(dim=DIM))
     service.ensure("a", "images")
-    [first] = service.add_images("a", [NewImage(data=jpeg(1))], random_unit(1, DIM))
+    [first] = service.writes.add_images("a", [NewImage(data=jpeg(1))], random_unit(1, DIM))
     service.delete_items([first.id])
-    [again] = service.add_images("a", [NewImage(data=jpeg(1))], random_unit(1, DIM))
+    [again] = service.writes.add_images("a", [NewImage(data=jpeg(1))], random_unit(1, DIM))
     assert again.created and again.id != first.id and not again.deleted_by_user
 
 
@@ -97,7 +90,7 @@ def test_deleting_the_last_row_of_a_copy_while_its_bytes_are_uploaded_elsewhere_
     service.ensure("a", "images")
     service.ensure("b", "images")
     data = jpeg(7)
-    [in_a] = service.add_images("a", [NewImage(data=data)], random_unit(1, DIM))
+    [in_a] = service.writes.add_images("a", [NewImage(data=data)], random_unit(1, DIM))
     record = catalog.get(in_a.id)
     copy = media_file(catalog.media_dir, record.sha256, record.mime)
     assert copy.is_file()
@@ -114,7 +107,7 @@ def test_deleting_the_last_row_of_a_copy_while_its_bytes_are_uploaded_elsewhere_
         return path
 
     monkeypatch.setattr(indexer.storage.sql.row_inserts, "store_media", store_then_let_the_deletion_run)
-    [in_b] = service.add_images("b", [NewImage(data=data)], random_unit(1, DIM))
+    [in_b] = service.writes.add_images("b", [NewImage(data=data)], random_unit(1, DIM))
     assert deleter_done.wait(10), "the deletion never finished"
 
     assert in_b.created and catalog.get_collection("a").items == 0
@@ -127,8 +120,8 @@ def test_the_last_deletion_of_a_copy_still_removes_it(catalog) -> None:  # type:
     service.ensure("a", "images")
     service.ensure("b", "images")
     data = jpeg(8)
-    [in_a] = service.add_images("a", [NewImage(data=data)], random_unit(1, DIM))
-    [in_b] = service.add_images("b", [NewImage(data=data)], random_unit(1, DIM))
+    [in_a] = service.writes.add_images("a", [NewImage(data=data)], random_unit(1, DIM))
+    [in_b] = service.writes.add_images("b", [NewImage(data=data)], random_unit(1, DIM))
     record = catalog.get(in_a.id)
     copy = media_file(catalog.media_dir, record.sha256, record.mime)
     service.delete_items([in_a.id])
@@ -173,7 +166,7 @@ def upload_the_same_bytes_twice_at_once(catalog: Any, monkeypatch: pytest.Monkey
 
         def upload(name: str, data: bytes = data, outcomes: dict[str, Any] = outcomes) -> None:
             try:
-                outcomes[name] = service.add_images(name, [NewImage(data=data)], random_unit(1, DIM))[0]
+                outcomes[name] = service.writes.add_images(name, [NewImage(data=data)], random_unit(1, DIM))[0]
             except Exception as exc:  # noqa: BLE001 (the outcome under test)
                 outcomes[name] = exc
 

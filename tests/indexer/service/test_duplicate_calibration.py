@@ -272,7 +272,7 @@ def test_the_api_answers_with_the_calibration_and_the_keeper_reason(tmp_path: Pa
         service.create("photos", "images")
         from indexer.domain.records import NewImage
 
-        added = service.add_images("photos", [NewImage(data=d, caption=s) for s, d in datas.items()], vectors)
+        added = service.writes.add_images("photos", [NewImage(data=d, caption=s) for s, d in datas.items()], vectors)
         ids = {stem: r.id for stem, r in zip(datas, added, strict=True)}
         with api_client(settings, encoder=create_encoder(settings), catalog=catalog) as client:
             r = client.get("/v1/collections/photos/duplicates")

@@ -8,20 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-from collections.abc import Iterator
 from pathlib import Path
 
-import pytest
 from sqlalchemy import text
 
 from demo.duplicate_threshold import encoded, photo_like
 from indexer.bulk.pipeline import ImageIndexer, IndexSummary
+from indexer.domain.duplicates import DuplicatesPage
 from indexer.service.collections import CollectionService
-from indexer.service.duplicates import DuplicatesPage
 from indexer.storage.catalog import SqlCatalog
 from indexer.storage.sql import duplicate_rows
 from retrieval.fake import FakeEncoder
-from tests.support.indexer_helpers import jpeg, open_test_catalog, service_for
+from tests.support.indexer_helpers import jpeg, service_for
 
 
 class CountingEncoder(FakeEncoder):
@@ -32,13 +30,6 @@ class CountingEncoder(FakeEncoder):
     async def embed_images(self, images):  # type: ignore[no-untyped-def]
         self.images += len(images)
         return await super().embed_images(images)
-
-
-@pytest.fixture
-def catalog(tmp_path: Path, database_url: str) -> Iterator[SqlCatalog]:
-    cat = open_test_catalog(tmp_path / "data", database_url)
-    yield cat
-    cat.close()
 
 
 def run(service: CollectionService, folder: Path, **kwargs: object) -> IndexSummary:
@@ -54,7 +45,7 @@ def counting_service(catalog: SqlCatalog) -> CollectionService:
 
 def identical(service: CollectionService) -> list[list[tuple[str, bool]]]:
     """The identical groups as [(file name, is a copy)], keeper first."""
-    page: DuplicatesPage = service.duplicates("photos", "identical", budget_s=None)
+    page: DuplicatesPage = service.duplicates.page("photos", "identical", budget_s=None)
     return [[(Path(m.path or "").name, m.copy) for m in g.members] for g in page.groups]
 
 
@@ -69,7 +60,7 @@ def test_copies_are_recorded_and_forgotten_as_files_come_and_go(catalog: SqlCata
     first = run(service, folder)
     assert (first.added, first.duplicates) == (2, 2)
     assert identical(service) == [[("a.jpg", False), ("b.jpg", True), ("c.jpg", True)]]
-    [group] = service.duplicates("photos", "identical", budget_s=None).groups
+    [group] = service.duplicates.page("photos", "identical", budget_s=None).groups
     assert {m.item.id for m in group.members} == {group.members[0].item.id}  # one item, its copies
     assert [m.path and Path(m.path).relative_to(folder).as_posix() for m in group.members] == [
         "a.jpg",
@@ -107,7 +98,7 @@ def test_deleting_the_item_forgets_its_copies_and_remembers_the_bytes(catalog: S
     (folder / "a.jpg").write_bytes(jpeg(1))
     (folder / "b.jpg").write_bytes(jpeg(1))
     run(service, folder)
-    [group] = service.duplicates("photos", "identical", budget_s=None).groups
+    [group] = service.duplicates.page("photos", "identical", budget_s=None).groups
     assert service.delete_items([group.members[0].item.id]) == 1
     assert identical(service) == []
     with catalog.engine.connect() as connection:
@@ -138,7 +129,7 @@ def test_every_embedded_file_is_hashed_and_old_rows_are_hashed_without_embedding
     # A catalog from before revision 0004: no hashes, so no resized tier yet, and the answer says so.
     with catalog.engine.begin() as connection:
         connection.execute(text("UPDATE items SET phash = NULL"))
-    before = service.duplicates("photos", budget_s=None)
+    before = service.duplicates.page("photos", budget_s=None)
     assert before.unhashed == 3 and before.counts["resized"] == 0
     embedded = encoder.images
     dry = run(service, folder, dry_run=True)
@@ -148,7 +139,7 @@ def test_every_embedded_file_is_hashed_and_old_rows_are_hashed_without_embedding
     assert encoder.images == embedded  # nothing embedded again
     assert duplicate_rows.unhashed_count(catalog.engine, state.id) == 0
     assert run(service, folder).hashed == 0  # incremental: hashed rows are not read again
-    assert service.duplicates("photos", budget_s=None).unhashed == 0
+    assert service.duplicates.page("photos", budget_s=None).unhashed == 0
 
 
 def test_uploads_are_hashed_by_the_service(catalog: SqlCatalog) -> None:
@@ -157,7 +148,7 @@ def test_uploads_are_hashed_by_the_service(catalog: SqlCatalog) -> None:
 
     service = service_for(catalog, FakeEncoder(16))
     service.create("photos", "images")
-    [added] = service.add_images("photos", [NewImage(encoded(photo_like(1), quality=90))], random_unit(1, 16))
+    [added] = service.writes.add_images("photos", [NewImage(encoded(photo_like(1), quality=90))], random_unit(1, 16))
     assert duplicate_rows.phashes_of(catalog.engine, [added.id]).keys() == {added.id}
 
 
@@ -173,12 +164,12 @@ def test_hash_missing_reads_uploads_from_their_copies_and_skips_changed_files(
     (folder / "a.jpg").write_bytes(jpeg(1))
     (folder / "b.jpg").write_bytes(jpeg(2))
     run(service, folder)
-    service.add_images("photos", [NewImage(jpeg(3)), NewImage(jpeg(4))], random_unit(2, 16))
+    service.writes.add_images("photos", [NewImage(jpeg(3)), NewImage(jpeg(4))], random_unit(2, 16))
     with catalog.engine.begin() as connection:
         connection.execute(text("UPDATE items SET phash = NULL"))
     (folder / "b.jpg").write_bytes(jpeg(5))  # changed since it was indexed: not the indexed bytes
     progress: list[tuple[int, int]] = []
-    assert service.hash_missing("photos", lambda done, total: progress.append((done, total))) == 3
+    assert service.duplicates.hash_missing("photos", lambda done, total: progress.append((done, total))) == 3
     assert progress[-1] == (4, 4)
     state = catalog.collection("photos")
     [left] = duplicate_rows.unhashed_ids(catalog.engine, state.id)

@@ -6,7 +6,6 @@ next call completes, deletions, group size, and what is refused."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,15 +16,16 @@ from api.config import Settings
 from demo import dataset
 from demo.duplicate_threshold import OTHER_SHOT_SEED, crop, encoded, photo_like
 from indexer.domain import near_vectors
+from indexer.domain.duplicates import DuplicatesPage
 from indexer.domain.records import NewImage, NewText
 from indexer.service.collections import CollectionService
-from indexer.service.duplicates import MAX_GROUP_SIZE, DuplicateFinder, DuplicatesPage
+from indexer.service.duplicates import MAX_GROUP_SIZE, DuplicateFinder
 from indexer.storage.catalog import SqlCatalog
 from retrieval.config import SHIPPED_MODEL_DIR
 from retrieval.encoder import create_encoder
 from retrieval.errors import InvalidInput, NotFound
 from retrieval.fake import FakeEncoder
-from tests.support.indexer_helpers import jpeg, open_test_catalog, service_for
+from tests.support.indexer_helpers import jpeg, service_for, unit
 
 SCENE = 4  # a demo gallery scene whose other shot and crop sit well above 0.88 (0.965 / 0.966) on int8 and fp32
 OTHER_SCENES = (13, 22, 27, 33)  # different scenes: below 0.76 with every picture here
@@ -66,13 +66,6 @@ def made() -> Made:
     return Made(encoder.model_id, {name: (data, vectors[i]) for i, (name, data) in enumerate(images.items())})
 
 
-@pytest.fixture
-def catalog(tmp_path: Path, database_url: str) -> Iterator[SqlCatalog]:
-    cat = open_test_catalog(tmp_path / "data", database_url)
-    yield cat
-    cat.close()
-
-
 class Model:
     def __init__(self, model_id: str, dim: int) -> None:
         self.model_id, self.dim = model_id, dim
@@ -80,7 +73,7 @@ class Model:
 
 def ids_by_name(service: CollectionService, name: str, images: dict[str, tuple[bytes, np.ndarray]]) -> dict[str, int]:
     names = list(images)
-    results = service.add_images(
+    results = service.writes.add_images(
         name, [NewImage(data=images[n][0]) for n in names], np.stack([images[n][1] for n in names])
     )
     return {n: r.id for n, r in zip(names, results, strict=True)}
@@ -95,7 +88,7 @@ def test_each_tier_on_made_pictures(catalog: SqlCatalog, made: Made) -> None:
     service = service_for(catalog, Model(made.model_id, 128))
     service.create("photos", "images")
     ids = ids_by_name(service, "photos", images)
-    page = service.duplicates("photos", budget_s=None)
+    page = service.duplicates.page("photos", budget_s=None)
     assert page.complete and page.unhashed == 0
     assert (page.threshold, page.threshold_source) == (0.88, "measured")
     assert page.counts == {"identical": 0, "resized": 1, "similar": 1}
@@ -120,8 +113,10 @@ def test_each_tier_on_made_pictures(catalog: SqlCatalog, made: Made) -> None:
     assert not grouped & {ids[f"scene{i}"] for i in OTHER_SCENES}  # different scenes stay alone
 
     # Tiers one at a time give the same groups.
-    assert groups_of(service.duplicates("photos", "resized", budget_s=None), "resized") == groups_of(page, "resized")
-    only_similar = service.duplicates("photos", "similar", budget_s=None)
+    assert groups_of(service.duplicates.page("photos", "resized", budget_s=None), "resized") == groups_of(
+        page, "resized"
+    )
+    only_similar = service.duplicates.page("photos", "similar", budget_s=None)
     assert [g.tier for g in only_similar.groups] == ["similar"] and only_similar.total == 1
 
 
@@ -129,10 +124,6 @@ def images_vector(images: dict[str, tuple[bytes, np.ndarray]], ids: dict[str, in
     name = next(n for n, i in ids.items() if i == item_id)
     vector = images[name][1]
     return vector / np.linalg.norm(vector)
-
-
-def unit(vectors: np.ndarray) -> np.ndarray:
-    return (vectors / np.linalg.norm(vectors, axis=1, keepdims=True)).astype(np.float32)
 
 
 def with_cosines(base: np.ndarray, rng: np.random.Generator, cosines: list[float]) -> list[np.ndarray]:
@@ -156,7 +147,7 @@ def add(
     service: CollectionService, vectors: list[np.ndarray], first_seed: int, hashes: list[int] | None = None
 ) -> list[int]:
     images = [NewImage(data=jpeg(first_seed + i), phash=hashes[i] if hashes else None) for i in range(len(vectors))]
-    return [r.id for r in service.add_images("photos", images, np.stack(vectors))]
+    return [r.id for r in service.writes.add_images("photos", images, np.stack(vectors))]
 
 
 def test_a_chain_is_never_one_group(catalog: SqlCatalog) -> None:
@@ -171,7 +162,7 @@ def test_a_chain_is_never_one_group(catalog: SqlCatalog) -> None:
     c /= np.linalg.norm(c)
     assert float(a @ c) < 0.95 <= min(float(a @ b), float(b @ c))
     ids = add(service, [a, b, c], 100)
-    page = service.duplicates("photos", budget_s=None)
+    page = service.duplicates.page("photos", budget_s=None)
     for group in groups_of(page, "similar"):
         assert not {ids[0], ids[2]} <= set(group)
     assert any(ids[1] in g for g in groups_of(page, "similar"))  # B is grouped with one of them
@@ -181,7 +172,7 @@ def test_a_chain_is_never_one_group(catalog: SqlCatalog) -> None:
     hashes = [h, h ^ 0xF, h ^ 0xFF]  # 4 bits, 4 bits; A-C 8 bits
     pictures = [near, *with_cosines(near, rng, [0.99, 0.99])]
     hashed = add(service, pictures, 200, hashes)
-    resized = groups_of(service.duplicates("photos", "resized", budget_s=None), "resized")
+    resized = groups_of(service.duplicates.page("photos", "resized", budget_s=None), "resized")
     assert resized and all(not {hashed[0], hashed[2]} <= set(g) for g in resized)
 
 
@@ -197,7 +188,7 @@ def test_pages_cover_every_group_once_in_a_stable_order(catalog: SqlCatalog) -> 
     seen: list[list[int]] = []
     offset = 0
     while True:
-        page = service.duplicates("photos", "similar", offset, 10, budget_s=None)
+        page = service.duplicates.page("photos", "similar", offset, 10, budget_s=None)
         assert page.total == 25 and len(page.groups) == min(10, 25 - offset)
         seen += groups_of(page, "similar")
         if not page.has_more:
@@ -208,8 +199,8 @@ def test_pages_cover_every_group_once_in_a_stable_order(catalog: SqlCatalog) -> 
     keys = [min(g) for g in seen[5:]]
     assert keys == sorted(keys)  # then by smallest id
     assert len({i for g in seen for i in g}) == sum(len(g) for g in seen)  # nobody twice
-    assert service.duplicates("photos", "similar", 25, 10, budget_s=None).groups == []  # past the end: empty
-    assert groups_of(service.duplicates("photos", "similar", 0, 10, budget_s=None), "similar") == seen[:10]
+    assert service.duplicates.page("photos", "similar", 25, 10, budget_s=None).groups == []  # past the end: empty
+    assert groups_of(service.duplicates.page("photos", "similar", 0, 10, budget_s=None), "similar") == seen[:10]
 
 
 def test_a_partial_answer_is_marked_and_the_next_call_goes_on(
@@ -223,14 +214,14 @@ def test_a_partial_answer_is_marked_and_the_next_call_goes_on(
     for i in range(0, 60, 2):
         vectors[i + 1] = with_cosines(vectors[i], rng, [0.99])[0]
     add(service, vectors, 5000)
-    page = service.duplicates("photos", "similar", budget_s=1e-6)  # one chunk of queries per call
+    page = service.duplicates.page("photos", "similar", budget_s=1e-6)  # one chunk of queries per call
     assert not page.complete and page.examined == 100 and page.searchable == 500
     calls = 1
     while not page.complete:
-        page = service.duplicates("photos", "similar", 0, 100, budget_s=1e-6)
+        page = service.duplicates.page("photos", "similar", 0, 100, budget_s=1e-6)
         calls += 1
     assert calls == 5 and page.examined == 500
-    fresh = DuplicateFinder(catalog).find(catalog.collection("photos"), "similar", 0, 100)
+    fresh = DuplicateFinder(catalog, catalog.duplicates).find(catalog.collection("photos"), "similar", 0, 100)
     assert groups_of(page, "similar") == groups_of(fresh, "similar")
     assert len(groups_of(page, "similar")) == 30
 
@@ -242,17 +233,17 @@ def test_deletions_reuse_the_answer_and_additions_compute_it_again(catalog: SqlC
     ids = add(
         service, [base[0], *with_cosines(base[0], rng, [0.99, 0.98]), base[1], *with_cosines(base[1], rng, [0.99])], 10
     )
-    first = service.duplicates("photos", budget_s=None)
+    first = service.duplicates.page("photos", budget_s=None)
     assert sorted(map(sorted, groups_of(first, "similar"))) == [ids[:3], ids[3:]]
-    snapshot = next(iter(service.catalog.duplicate_finder._cache.values()))
+    snapshot = next(iter(service.duplicates.finder._cache.values()))
     service.delete_items([ids[1], ids[4]])
-    after = service.duplicates("photos", budget_s=None)
+    after = service.duplicates.page("photos", budget_s=None)
     assert groups_of(after, "similar") == [[ids[0], ids[2]]]  # the pair lost a member: no group
-    assert next(iter(service.catalog.duplicate_finder._cache.values())) is snapshot  # reused, not computed again
+    assert next(iter(service.duplicates.finder._cache.values())) is snapshot  # reused, not computed again
     add(service, with_cosines(base[1], rng, [0.99]), 50)
-    again = service.duplicates("photos", budget_s=None)
+    again = service.duplicates.page("photos", budget_s=None)
     assert len(groups_of(again, "similar")) == 2
-    assert next(iter(service.catalog.duplicate_finder._cache.values())) is not snapshot
+    assert next(iter(service.duplicates.finder._cache.values())) is not snapshot
 
 
 def test_a_burst_larger_than_a_group_is_split_into_cliques(catalog: SqlCatalog) -> None:
@@ -260,7 +251,7 @@ def test_a_burst_larger_than_a_group_is_split_into_cliques(catalog: SqlCatalog) 
     rng = np.random.default_rng(5)
     base = unit(rng.standard_normal((1, 32)))[0]
     ids = add(service, [base, *with_cosines(base, rng, [0.995] * 49)], 300)
-    page = service.duplicates("photos", budget_s=None)
+    page = service.duplicates.page("photos", budget_s=None)
     groups = groups_of(page, "similar")
     assert all(2 <= len(g) <= MAX_GROUP_SIZE for g in groups) and max(len(g) for g in groups) == MAX_GROUP_SIZE
     assert len({i for g in groups for i in g}) == sum(len(g) for g in groups) <= len(ids)
@@ -269,17 +260,17 @@ def test_a_burst_larger_than_a_group_is_split_into_cliques(catalog: SqlCatalog) 
 def test_what_is_refused(catalog: SqlCatalog) -> None:
     service = fake_service(catalog)
     service.create("words", "texts")
-    service.add_texts("words", [NewText("一只猫")], FakeEncoder().embed_texts_sync(["一只猫"]))
+    service.writes.add_texts("words", [NewText("一只猫")], FakeEncoder().embed_texts_sync(["一只猫"]))
     with pytest.raises(InvalidInput, match="holds texts"):
-        service.duplicates("words")
+        service.duplicates.page("words")
     with pytest.raises(NotFound):
-        service.duplicates("nothing-here")
+        service.duplicates.page("nothing-here")
     for kwargs in ({"limit": 0}, {"limit": 101}, {"offset": -1}, {"offset": 10**7}, {"tier": "bogus"}):
         with pytest.raises(InvalidInput):
-            service.duplicates("photos", **kwargs)  # type: ignore[arg-type]
+            service.duplicates.page("photos", **kwargs)  # type: ignore[arg-type]
     with pytest.raises(InvalidInput):
-        service.duplicates("photos", threshold=0.2)
-    empty = service.duplicates("photos")
+        service.duplicates.page("photos", threshold=0.2)
+    empty = service.duplicates.page("photos")
     assert empty.groups == [] and empty.complete and empty.total == 0
 
 
@@ -289,9 +280,9 @@ def test_too_many_pairs_raise_the_threshold_and_say_so(catalog: SqlCatalog, monk
     rng = np.random.default_rng(6)
     base = unit(rng.standard_normal((1, 32)))[0]
     add(service, [base, *with_cosines(base, rng, list(np.linspace(0.97, 0.999, 29)))], 400)  # 435 pairs
-    page = service.duplicates("photos", budget_s=None)
+    page = service.duplicates.page("photos", budget_s=None)
     assert page.threshold_source == "raised" and page.threshold > 0.95
-    snapshot = next(iter(service.catalog.duplicate_finder._cache.values()))
+    snapshot = next(iter(service.duplicates.finder._cache.values()))
     assert 0 < len(snapshot.shots.pairs) <= 40
     assert min(snapshot.shots.pairs.values()) >= page.threshold
     for group in page.groups:

@@ -14,10 +14,10 @@ from indexer.runtime import open_runtime
 from indexer.service.collections import CollectionService
 from indexer.service.migration import MigrateOptions
 from retrieval.preprocess import read_header
-from retrieval.toy_model import write_toy_model
-from tests.cli.test_migrate import NewModel
+from retrieval.toolchain.toy_model import write_toy_model
 from tests.support.api_helpers import api_client, open_test_catalog, seed
 from tests.support.indexer_helpers import jpeg
+from tests.support.next_model import NewModel
 
 
 def test_the_collections_api_shows_a_migration_and_the_active_model(settings: Settings) -> None:
@@ -27,7 +27,7 @@ def test_the_collections_api_shows_a_migration_and_the_active_model(settings: Se
             seed(client)
             new = NewModel()
             migrator = CollectionService(catalog, None)
-            asyncio.run(migrator.migrate("photos", new, MigrateOptions(swap=False)))
+            asyncio.run(migrator.migration.migrate("photos", new, MigrateOptions(swap=False)))
             listed = {c["name"]: c for c in client.get("/v1/collections").json()}
             items = listed["photos"]["items"]
             assert listed["photos"]["model"] == "fake"
@@ -35,7 +35,7 @@ def test_the_collections_api_shows_a_migration_and_the_active_model(settings: Se
             assert listed["captions"]["migration"] is None
             search = client.post("/v1/search/text", json={"query": "一只猫", "collection": "photos"})
             assert search.status_code == 200 and search.json()["results"]  # the active model answers meanwhile
-            migrator.swap("photos")
+            migrator.migration.swap("photos")
             one = client.get("/v1/collections/photos").json()
             assert (one["model"], one["dim"], one["migration"]) == ("fake-next", 16, None)
             refused = client.post("/v1/search/text", json={"query": "一只猫", "collection": "photos"})
@@ -59,12 +59,12 @@ def test_a_server_holding_two_models_answers_each_collection_with_its_own(tmp_pa
             assert (first.dim, second.dim) == (32, 16)
             rt.service.create("photos", "images")
             for n in range(4):
-                await rt.service.add_upload("photos", jpeg(n), read_header(jpeg(n)))
-            report = await rt.service.migrate("photos", second, MigrateOptions())
+                await rt.service.writes.add_upload("photos", jpeg(n), read_header(jpeg(n)))
+            report = await rt.service.migration.migrate("photos", second, MigrateOptions())
             assert report.swapped and rt.service.catalog.collection("photos").dim == 16
-            page = await rt.service.search_image(jpeg(2), "photos", "images", PageRequest(k=1))
+            page = await rt.service.search.image(jpeg(2), "photos", "images", PageRequest(k=1))
             assert page.results[0].score > 0.99  # the toy2 encoder embedded the query
-            added = await rt.service.add_upload("photos", jpeg(9), read_header(jpeg(9)))
+            added = await rt.service.writes.add_upload("photos", jpeg(9), read_header(jpeg(9)))
             assert rt.service.catalog.vector(added.id).shape == (16,)
 
     asyncio.run(scenario())
@@ -90,7 +90,7 @@ def test_indexing_after_a_swap_embeds_with_the_collections_new_model(tmp_path: P
             first = await ImageIndexer(rt.service, "photos").run(folder)
             assert first.added == 1 and rt.service.catalog.collection("photos").dim == 32
             _default, second = rt.encoders.values()
-            assert (await rt.service.migrate("photos", second, MigrateOptions())).swapped
+            assert (await rt.service.migration.migrate("photos", second, MigrateOptions())).swapped
             (folder / "b.jpg").write_bytes(jpeg(2))
             after = await ImageIndexer(rt.service, "photos").run(folder)
             assert after.added == 1 and not after.failures

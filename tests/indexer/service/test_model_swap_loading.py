@@ -22,17 +22,10 @@ from indexer.service.collections import CollectionService
 from indexer.service.migration import MigrateOptions
 from retrieval.errors import EncoderUnavailable
 from retrieval.preprocess import read_header
-from retrieval.toy_model import write_toy_model
+from retrieval.toolchain.toy_model import write_toy_model
 from tests.support.api_helpers import open_test_catalog
+from tests.support.cli_server import running_server, searches_meanwhile
 from tests.support.indexer_helpers import cli_env, jpeg, start_cli, write_images
-from tests.system.test_many_processes import running_server
-
-
-@pytest.fixture(scope="module")
-def next_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("toy-next")
-    write_toy_model(directory, dim=16, seed=5, name="toy-next", int8=False)
-    return directory
 
 
 async def _migrate_beside(settings: Settings, model_dir: Path) -> None:
@@ -41,7 +34,7 @@ async def _migrate_beside(settings: Settings, model_dir: Path) -> None:
     encoder = model_encoder(settings, model_dir)
     try:
         migrator = CollectionService(catalog, None)
-        report = await migrator.migrate("photos", encoder, MigrateOptions(), model_dir=str(model_dir))
+        report = await migrator.migration.migrate("photos", encoder, MigrateOptions(), model_dir=str(model_dir))
         assert report.swapped
     finally:
         await encoder.close()
@@ -64,15 +57,15 @@ def test_a_server_loads_the_model_a_collection_swapped_to_and_answers_the_old_ge
             assert service is not None and len(rt.encoders) == 1
             service.create("photos", "images")
             for n in range(4):
-                await service.add_upload("photos", jpeg(n), read_header(jpeg(n)))
+                await service.writes.add_upload("photos", jpeg(n), read_header(jpeg(n)))
             await _migrate_beside(settings, next_model)
             # The first search after the swap: the previous generation (32-d, the model held) answers.
-            page = await service.search_text("照片", "photos", PageRequest(k=3))
+            page = await service.search.text("照片", "photos", PageRequest(k=3))
             assert page.collection.dim == 32 and len(page.results) == 3
-            await _until(lambda: any(e.dim == 16 for e in service.encoders.values()))
-            page = await service.search_image(jpeg(2), "photos", "images", PageRequest(k=1))
+            await _until(lambda: any(e.dim == 16 for e in service.migration.encoders.values()))
+            page = await service.search.image(jpeg(2), "photos", "images", PageRequest(k=1))
             assert page.collection.dim == 16 and page.results[0].score > 0.99  # the new model embedded it
-            added = await service.add_upload("photos", jpeg(9), read_header(jpeg(9)))
+            added = await service.writes.add_upload("photos", jpeg(9), read_header(jpeg(9)))
             assert service.catalog.vector(added.id).shape == (16,)
 
     asyncio.run(scenario())
@@ -88,32 +81,32 @@ def test_a_recorded_directory_whose_files_changed_is_refused_and_the_old_generat
     async def scenario() -> None:
         async with open_runtime(settings) as rt:
             service = rt.service
-            assert service is not None and service.model_loader is not None
+            assert service is not None and service.migration.model_loader is not None
             service.create("photos", "images")
             for n in range(4):
-                await service.add_upload("photos", jpeg(n), read_header(jpeg(n)))
+                await service.writes.add_upload("photos", jpeg(n), read_header(jpeg(n)))
             await _migrate_beside(settings, moved)
             # Hostile: the directory now holds another model (its files rewritten: another fingerprint).
             write_toy_model(moved, dim=16, seed=8, name="toy-moved", int8=False)
-            page = await service.search_text("照片", "photos", PageRequest(k=3))
+            page = await service.search.text("照片", "photos", PageRequest(k=3))
             assert page.collection.dim == 32 and len(page.results) == 3
-            loader = service.model_loader
+            loader = service.migration.model_loader
             new_model = service.catalog.collection("photos").model
             await _until(lambda: loader.request(new_model, 16) == "failed")
-            assert not any(e.dim == 16 for e in service.encoders.values())
+            assert not any(e.dim == 16 for e in service.migration.encoders.values())
             for _ in range(5):  # still answered, by the previous generation
-                page = await service.search_text("照片", "photos", PageRequest(k=3))
+                page = await service.search.text("照片", "photos", PageRequest(k=3))
                 assert page.collection.dim == 32 and len(page.results) == 3
             with pytest.raises(EncoderUnavailable):  # a write waits for the model (503), not a 422
-                await service.add_upload("photos", jpeg(9), read_header(jpeg(9)))
+                await service.writes.add_upload("photos", jpeg(9), read_header(jpeg(9)))
             # The previous generation dropped too: now, and only now, searches answer 503.
             catalog = open_test_catalog(settings)
             try:
-                CollectionService(catalog, None).drop_generation("photos", "previous")
+                CollectionService(catalog, None).migration.drop_generation("photos", "previous")
             finally:
                 catalog.close()
             with pytest.raises(EncoderUnavailable):
-                await service.search_text("照片", "photos", PageRequest(k=3))
+                await service.search.text("照片", "photos", PageRequest(k=3))
 
     asyncio.run(scenario())
 
@@ -129,20 +122,7 @@ def test_a_migration_beside_a_server_without_model_dirs_fails_no_search(
     output, _ = process.communicate(timeout=180)
     assert process.returncode == 0, output
     with running_server({**env, "CNCLIP_SYNC_INTERVAL_S": "0.1"}) as base:
-        stop = threading.Event()
-        answers: list[tuple[int, int]] = []
-
-        def load() -> None:
-            with httpx.Client(base_url=base, timeout=30) as client:
-                while not stop.is_set():
-                    r = client.post("/v1/search/text", json={"query": "照片", "collection": "photos", "k": 5})
-                    answers.append((r.status_code, len(r.json().get("results", [])) if r.status_code == 200 else 0))
-                    time.sleep(0.03)
-
-        threads = [threading.Thread(target=load) for _ in range(2)]
-        for thread in threads:
-            thread.start()
-        try:
+        with searches_meanwhile(base) as answers:
             process = start_cli(["migrate", "-c", "photos", "--model", str(next_model), "--batch", "4"], env)
             output, _ = process.communicate(timeout=180)
             assert process.returncode == 0, output
@@ -164,10 +144,6 @@ def test_a_migration_beside_a_server_without_model_dirs_fails_no_search(
             while len(answers) < seen + 10:  # searches after the move, answered by the new model
                 assert time.monotonic() < deadline + 30
                 time.sleep(0.05)
-        finally:
-            stop.set()
-            for thread in threads:
-                thread.join()
         failed = [a for a in answers if a[0] != 200 or a[1] == 0]
         print(f"searches: {len(answers)}, not 200 with results: {len(failed)}")
         assert not failed and len(answers) > 20, failed[:5]
@@ -212,8 +188,8 @@ def test_an_add_that_meets_its_collection_recreated_embeds_again_instead_of_503(
         async def add() -> object:
             await encoder.start()
             if kind == "images":
-                return await service.add_upload("c", jpeg(1), read_header(jpeg(1)))
-            return (await service.add_text_items("c", [NewText("一只猫")]))[0]
+                return await service.writes.add_upload("c", jpeg(1), read_header(jpeg(1)))
+            return (await service.writes.add_text_items("c", [NewText("一只猫")]))[0]
 
         added: Any = asyncio.run(add())
         state = catalog.collection("c")
@@ -256,29 +232,29 @@ def test_a_recorded_directory_that_disappears_mid_load_keeps_the_old_generation_
     async def scenario() -> None:
         async with open_runtime(settings) as rt:
             service = rt.service
-            assert service is not None and service.model_loader is not None
+            assert service is not None and service.migration.model_loader is not None
             service.create("photos", "images")
             for n in range(4):
-                await service.add_upload("photos", jpeg(n), read_header(jpeg(n)))
+                await service.writes.add_upload("photos", jpeg(n), read_header(jpeg(n)))
             await _migrate_beside(settings, recorded)
-            loader = service.model_loader
+            loader = service.migration.model_loader
             new_model = service.catalog.collection("photos").model
-            page = await service.search_text("照片", "photos", PageRequest(k=3))
+            page = await service.search.text("照片", "photos", PageRequest(k=3))
             assert page.collection.dim == 32 and len(page.results) == 3
             await _until(lambda: vanished.is_set() and loader._attempts.get(new_model) is not None)
             await _until(lambda: (a := loader._attempts.get(new_model)) is not None and a.state == "failed")
             for _ in range(3):  # still answered, by the previous generation
-                page = await service.search_text("照片", "photos", PageRequest(k=3))
+                page = await service.search.text("照片", "photos", PageRequest(k=3))
                 assert page.collection.dim == 32 and len(page.results) == 3
             shutil.copytree(spare, recorded)  # back
             await asyncio.sleep(0.6)
             deadline = time.monotonic() + 60
-            while not any(e.dim == 16 for e in service.encoders.values()):
-                page = await service.search_text("照片", "photos", PageRequest(k=3))  # asks the loader again
+            while not any(e.dim == 16 for e in service.migration.encoders.values()):
+                page = await service.search.text("照片", "photos", PageRequest(k=3))  # asks the loader again
                 assert len(page.results) == 3
                 assert time.monotonic() < deadline
                 await asyncio.sleep(0.2)
-            page = await service.search_text("照片", "photos", PageRequest(k=3))
+            page = await service.search.text("照片", "photos", PageRequest(k=3))
             assert page.collection.dim == 16
 
     asyncio.run(scenario())

@@ -27,7 +27,7 @@ from typer.testing import CliRunner
 from api.app import create_app
 from api.config import Settings
 from cli.main import build_cli
-from demo import dataset
+from demo import dataset, vocabulary
 from demo.gallery import GALLERY_SEED, GALLERY_SIZE, IMAGE_COLLECTION, describe
 from retrieval.config import SHIPPED_MODEL_DIR
 
@@ -54,7 +54,7 @@ def client(demo_dir: Path) -> Iterator[TestClient]:
 
 
 @pytest.fixture(scope="module")
-def truth() -> dict[str, dataset.Attributes]:
+def truth() -> dict[str, vocabulary.Attributes]:
     """caption -> the attributes the dataset drew the picture with."""
     return {describe(s.attributes): s.attributes for s in dataset.demo_gallery(GALLERY_SIZE, GALLERY_SEED)}
 
@@ -66,7 +66,7 @@ def _text(client: TestClient, query: str, exclude: list[str], **extra: object) -
     return r.json()
 
 
-def _count(results: list[dict], truth: dict[str, dataset.Attributes], *, colour: str, shape: str) -> tuple[int, int]:
+def _count(results: list[dict], truth: dict[str, vocabulary.Attributes], *, colour: str, shape: str) -> tuple[int, int]:
     """(results of `colour`, results of `shape` that are not `colour`)."""
     attrs = [truth[r["caption"]] for r in results]
     return sum(a.colour == colour for a in attrs), sum(a.shape == shape and a.colour != colour for a in attrs)
@@ -83,8 +83,8 @@ def test_stars_excluding_red_leave_no_red_in_the_top_30(client: TestClient, trut
 
 def test_every_shape_excluding_every_colour(client: TestClient, truth: dict) -> None:
     plain_colour = plain_kept = away_colour = away_kept = 0
-    for shape, words in dataset.SHAPES.items():
-        for colour in dataset.COLOURS:
+    for shape, words in vocabulary.SHAPES.items():
+        for colour in vocabulary.COLOURS:
             c, s = _count(_text(client, words[0], [])["results"], truth, colour=colour, shape=shape)
             plain_colour, plain_kept = plain_colour + c, plain_kept + s
             c, s = _count(_text(client, words[0], [colour])["results"], truth, colour=colour, shape=shape)

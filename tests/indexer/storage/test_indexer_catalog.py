@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import threading
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,16 +12,9 @@ from indexer.domain.records import NewImage, NewText, SearchFilters
 from indexer.storage.catalog import SqlCatalog
 from retrieval.errors import Conflict, InvalidImage, InvalidInput, NotFound
 from retrieval.fake import FakeEncoder
-from tests.support.indexer_helpers import jpeg, open_test_catalog, png, random_unit
+from tests.support.indexer_helpers import jpeg, png, random_unit
 
 DIM = 16
-
-
-@pytest.fixture
-def catalog(tmp_path: Path, database_url: str) -> SqlCatalog:
-    opened = open_test_catalog(tmp_path / "data", database_url)
-    yield opened
-    opened.close()
 
 
 def add_photos(catalog: SqlCatalog, count: int, start: int = 0, name: str = "photos", **kwargs: object) -> list[int]:

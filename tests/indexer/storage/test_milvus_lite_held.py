@@ -8,9 +8,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tests.conftest import EngineUnderTest
+from tests.support.cli_server import found_ids, running_server, seconds_until
+from tests.support.engines import EngineUnderTest
 from tests.support.indexer_helpers import cli_env, jpeg, start_cli, write_images
-from tests.system.test_many_processes import found_ids, running_server, seconds_until
 
 LITE = EngineUnderTest("milvus-lite")
 

@@ -21,7 +21,7 @@ import pytest
 from indexer.domain.records import NewImage, NewText, SearchFilters
 from indexer.storage.catalog import SqlCatalog
 from indexer.storage.vectors.base import StoreSpec, VectorStoreBusy
-from tests.conftest import EngineUnderTest
+from tests.support.engines import EngineUnderTest
 from tests.support.indexer_helpers import create_once, jpeg, open_test_catalog, png, random_unit
 
 DIM = 16

@@ -10,93 +10,21 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import AsyncIterator, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
-from indexer.domain.index_summary import IndexSummary
-from indexer.service.collections import CollectionService
 from indexer.storage.catalog import SqlCatalog
 from indexer.watch.debounce import QuietPaths
 from indexer.watch.events import changed_paths, filesystem_type, needs_polling, snapshot
 from indexer.watch.settings import parse_watch_setting
-from indexer.watch.watcher import FolderWatcher, WatchOptions
+from indexer.watch.watcher import WatchOptions
 from retrieval.fake import FakeEncoder
 from tests.support.indexer_helpers import jpeg, open_test_catalog, service_for
+from tests.support.watching import Watching, until, watching
 
 FAST = WatchOptions(quiet_s=0.2, rescan_interval_s=3600, poll_interval_s=0.2)
-
-
-@pytest.fixture
-def catalog(tmp_path: Path) -> SqlCatalog:
-    opened = open_test_catalog(tmp_path / "data", f"sqlite:///{tmp_path / 'data' / 'catalog.db'}")
-    yield opened
-    opened.close()
-
-
-@pytest.fixture
-def any_catalog(tmp_path: Path, database_url: str) -> SqlCatalog:
-    """On SQLite, then on PostgreSQL."""
-    opened = open_test_catalog(tmp_path / "data", database_url)
-    yield opened
-    opened.close()
-
-
-class Watching:
-    """A running watcher and what its passes reported."""
-
-    def __init__(self, service: CollectionService, folder: Path, options: WatchOptions, data_dir: Path) -> None:
-        self.service = service
-        self.passes: list[tuple[str, IndexSummary]] = []
-        self.watcher = FolderWatcher(
-            service,
-            "photos",
-            folder,
-            options,
-            data_dir,
-            on_pass=lambda kind, summary: self.passes.append((kind, summary)),
-            batch_size=4,
-            read_threads=2,
-        )
-        self.stop = asyncio.Event()
-
-    def rows(self) -> dict[str, Any]:
-        """path -> file state of every row."""
-        return self.service.file_states("photos")
-
-    def embedded(self) -> int:
-        encoder = self.service.encoder
-        assert isinstance(encoder, FakeEncoder)
-        return sum(n for tower, n in encoder.calls if tower == "image")
-
-
-@asynccontextmanager
-async def watching(
-    service: CollectionService, folder: Path, options: WatchOptions = FAST, data_dir: Path | None = None
-) -> AsyncIterator[Watching]:
-    w = Watching(service, folder, options, data_dir or folder.parent / "data")
-    task = asyncio.create_task(w.watcher.run(w.stop))
-    try:
-        await until(lambda: bool(w.passes) or task.done(), 20)
-        if task.done():
-            task.result()
-        yield w
-    finally:
-        w.stop.set()
-        await asyncio.wait_for(task, 20)
-
-
-async def until(condition: Callable[[], bool], timeout: float = 5.0) -> float:
-    """Seconds until `condition()` held; fails after `timeout`."""
-    started = time.monotonic()
-    while not condition():
-        if time.monotonic() - started > timeout:
-            raise AssertionError(f"not within {timeout} s")
-        await asyncio.sleep(0.02)
-    return time.monotonic() - started
 
 
 def sha(data: bytes) -> str:
@@ -112,7 +40,7 @@ def test_add_rename_move_edit_delete(any_catalog: SqlCatalog, tmp_path: Path) ->
     service = service_for(catalog, FakeEncoder(dim=16))
 
     async def scenario() -> None:
-        async with watching(service, folder) as w:
+        async with watching(service, folder, FAST) as w:
             assert w.passes[0][0] == "first" and w.passes[0][1].added == 2
             a_id = w.rows()[str(folder / "a.jpg")].id
             vector = catalog.vector(a_id).copy()
@@ -179,7 +107,7 @@ def test_a_writer_pausing_longer_than_the_quiet_period_ends_with_one_complete_ro
     data = jpeg(8, (64, 64))
 
     async def scenario() -> None:
-        async with watching(service, folder) as w:
+        async with watching(service, folder, FAST) as w:
             with open(folder / "stalled.jpg", "wb") as f:
                 f.write(data[: len(data) // 2])
                 f.flush()
@@ -267,7 +195,7 @@ def test_inotify_failure_falls_back_to_polling_with_one_line(
     monkeypatch.setattr("indexer.watch.watcher.inotify_hints", limit_reached)
 
     async def scenario() -> None:
-        async with watching(service, folder) as w:
+        async with watching(service, folder, FAST) as w:
             (folder / "a.jpg").write_bytes(jpeg(1))
             await until(lambda: str(folder / "a.jpg") in w.rows())
             assert w.watcher.mode == "polling"
@@ -287,7 +215,7 @@ def test_a_name_that_is_not_utf8_is_indexed_and_polling_takes_over(
     name = os.fsdecode(os.fsencode(str(folder)) + b"/img-\xff.jpg")  # watchfiles cannot decode it
 
     async def scenario() -> None:
-        async with watching(service, folder) as w:
+        async with watching(service, folder, FAST) as w:
             assert w.watcher.mode == "inotify"
             with open(os.fsencode(name), "wb") as f:
                 f.write(jpeg(1))
@@ -334,7 +262,7 @@ def test_hidden_files_and_links_out_are_ignored_as_by_index(catalog: SqlCatalog,
     service = service_for(catalog, FakeEncoder(dim=16))
 
     async def scenario() -> None:
-        async with watching(service, folder) as w:
+        async with watching(service, folder, FAST) as w:
             (folder / ".hidden.jpg").write_bytes(jpeg(1))
             (folder / ".cache").mkdir()
             (folder / ".cache" / "in-hidden-folder.jpg").write_bytes(jpeg(2))
@@ -360,7 +288,7 @@ def test_two_watchers_of_one_folder(catalog: SqlCatalog, tmp_path: Path, caplog:
     data = tmp_path / "data"
 
     async def scenario() -> None:
-        async with watching(service, folder, data_dir=data) as first:
+        async with watching(service, folder, FAST, data_dir=data) as first:
             second = Watching(service, folder, FAST, data)
             task = asyncio.create_task(second.watcher.run(second.stop))
             await asyncio.sleep(0.5)
@@ -524,7 +452,7 @@ def test_the_catalogs_own_files_inside_the_folder_start_no_passes(tmp_path: Path
     try:
 
         async def scenario() -> None:
-            async with watching(service, folder, data_dir=data) as w:
+            async with watching(service, folder, FAST, data_dir=data) as w:
                 (folder / "a.jpg").write_bytes(jpeg(1))
                 await until(lambda: str(folder / "a.jpg") in w.rows())
                 await asyncio.sleep(1.5)

@@ -17,90 +17,24 @@ import tempfile
 import threading
 import time
 import traceback
-from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import asynccontextmanager
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from indexer.bulk.pipeline import ImageIndexer
-from indexer.domain.index_summary import IndexSummary
 from indexer.fs.presence import file_gone
 from indexer.service.collections import CollectionService
 from indexer.storage.catalog import SqlCatalog
 from indexer.watch.passes import FolderPass
 from indexer.watch.root import PinnedRoot, RootMoved, RootState
-from indexer.watch.watcher import FolderWatcher, WatchOptions
+from indexer.watch.watcher import WatchOptions
 from retrieval.fake import FakeEncoder
 from tests.support.indexer_helpers import jpeg, open_test_catalog, service_for
+from tests.support.watching import until, watching
 
 RESCANS = WatchOptions(quiet_s=0.2, rescan_interval_s=1.0, poll_interval_s=0.2)
-
-
-@pytest.fixture
-def catalog(tmp_path: Path) -> SqlCatalog:
-    opened = open_test_catalog(tmp_path / "data", f"sqlite:///{tmp_path / 'data' / 'catalog.db'}")
-    yield opened
-    opened.close()
-
-
-@pytest.fixture
-def any_catalog(tmp_path: Path, database_url: str) -> SqlCatalog:
-    """On SQLite, then on PostgreSQL."""
-    opened = open_test_catalog(tmp_path / "data", database_url)
-    yield opened
-    opened.close()
-
-
-class Watching:
-    def __init__(self, watcher: FolderWatcher, passes: list[tuple[str, IndexSummary]], service: Any) -> None:
-        self.watcher, self.passes, self.service = watcher, passes, service
-        self.stop = asyncio.Event()
-
-    def rows(self) -> dict[str, Any]:
-        return self.service.file_states("photos")
-
-    def embedded(self) -> int:
-        return sum(n for tower, n in self.service.encoder.calls if tower == "image")
-
-    def full_passes(self) -> int:
-        return sum(1 for kind, _ in self.passes if kind == "full")
-
-
-@asynccontextmanager
-async def watching(
-    service: CollectionService, folder: Path, options: WatchOptions = RESCANS, data_dir: Path | None = None
-) -> AsyncIterator[Watching]:
-    passes: list[tuple[str, IndexSummary]] = []
-    watcher = FolderWatcher(
-        service,
-        "photos",
-        folder,
-        options,
-        data_dir or folder.parent / "data",
-        on_pass=lambda kind, summary: passes.append((kind, summary)),
-        batch_size=4,
-        read_threads=2,
-    )
-    w = Watching(watcher, passes, service)
-    task = asyncio.create_task(watcher.run(w.stop))
-    try:
-        await until(lambda: bool(passes) or task.done(), 20)
-        if task.done():
-            task.result()
-        yield w
-    finally:
-        w.stop.set()
-        await asyncio.wait_for(task, 20)
-
-
-async def until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
-    started = time.monotonic()
-    while not condition():
-        if time.monotonic() - started > timeout:
-            raise AssertionError(f"not within {timeout} s")
-        await asyncio.sleep(0.02)
 
 
 def photos(folder: Path, seeds: range) -> set[str]:
@@ -126,7 +60,7 @@ def test_a_root_swapped_for_a_symlink_is_never_indexed_through_nor_pruned(
     service = service_for(any_catalog, FakeEncoder(dim=16))
 
     async def scenario() -> None:
-        async with watching(service, folder) as w:
+        async with watching(service, folder, RESCANS) as w:
             ids = {path: state.id for path, state in w.rows().items()}
             assert set(ids) == mine
             folder.rename(tmp_path / "photos.real")
@@ -154,7 +88,7 @@ def test_the_root_renamed_away_and_back(catalog: SqlCatalog, tmp_path: Path, cap
     service = service_for(catalog, FakeEncoder(dim=16))
 
     async def scenario() -> None:
-        async with watching(service, folder) as w:
+        async with watching(service, folder, RESCANS) as w:
             ids = {path: state.id for path, state in w.rows().items()}
             assert set(ids) == mine
             folder.rename(tmp_path / "away")
@@ -179,7 +113,7 @@ def test_a_folder_above_the_root_swapped_for_a_symlink(catalog: SqlCatalog, tmp_
     service = service_for(catalog, FakeEncoder(dim=16))
 
     async def scenario() -> None:
-        async with watching(service, folder) as w:
+        async with watching(service, folder, RESCANS) as w:
             (tmp_path / "srv").rename(tmp_path / "srv.real")
             (tmp_path / "srv").symlink_to(tmp_path / "other")
             await asyncio.sleep(3.0)
@@ -198,7 +132,7 @@ def test_a_new_folder_put_at_the_path_is_not_adopted(
     service = service_for(catalog, FakeEncoder(dim=16))
 
     async def scenario() -> None:
-        async with watching(service, folder) as w:
+        async with watching(service, folder, RESCANS) as w:
             folder.rename(tmp_path / "photos.old")
             photos(folder, range(50, 53))
             await asyncio.sleep(3.0)
@@ -214,7 +148,7 @@ def test_a_new_folder_put_at_the_path_is_not_adopted(
 
 
 async def _one_pass(service: CollectionService, folder: Path) -> None:
-    async with watching(service, folder):
+    async with watching(service, folder, RESCANS):
         pass
 
 
@@ -225,15 +159,16 @@ def test_a_pass_stops_before_writing_when_the_root_is_swapped_mid_pass(catalog: 
     service = service_for(catalog, FakeEncoder(dim=16))
     root = PinnedRoot.pin(folder)
 
-    class SwappedBeforeCommit(FolderPass):
-        def _commit(self, batch: Any, vectors: Any, summary: IndexSummary) -> None:
+    class SwappedBeforeWriting(FolderPass):
+        def _before_write(self) -> None:
             if folder.is_dir() and not folder.is_symlink():
                 folder.rename(tmp_path / "photos.real")
                 folder.symlink_to(tmp_path / "elsewhere")
-            super()._commit(batch, vectors, summary)
+            super()._before_write()
 
     with pytest.raises(RootMoved) as raised:
-        asyncio.run(SwappedBeforeCommit(service, "photos", root, batch_size=2).full(asyncio.Event()))
+        pipeline = ImageIndexer(service, "photos", batch_size=2)
+        asyncio.run(SwappedBeforeWriting(pipeline, root).full(asyncio.Event()))
     assert raised.value.state is RootState.REPLACED
     assert service.file_states("photos") == {}
     assert root.state() is RootState.REPLACED
@@ -251,7 +186,7 @@ def test_a_file_replaced_by_a_folder_is_pruned(catalog: SqlCatalog, tmp_path: Pa
     replaced = folder / "1.jpg"
 
     async def scenario() -> None:
-        async with watching(service, folder) as w:
+        async with watching(service, folder, RESCANS) as w:
             replaced.unlink()
             replaced.mkdir()
             (replaced / "inner.jpg").write_bytes(jpeg(7))
@@ -317,7 +252,7 @@ def test_the_data_dir_inside_the_watched_folder_is_never_walked(tmp_path: Path) 
     try:
 
         async def scenario() -> None:
-            async with watching(service, folder, data_dir=data) as w:
+            async with watching(service, folder, RESCANS, data_dir=data) as w:
                 (data / "media" / "ab" / "late.jpg").write_bytes(jpeg(30))
                 (folder / "new.jpg").write_bytes(jpeg(31))
                 await until(lambda: str(folder / "new.jpg") in w.rows(), 8)
@@ -530,7 +465,7 @@ def test_a_watcher_survives_a_folder_that_cannot_be_listed(
     monkeypatch.setattr(os, "scandir", failing)
 
     async def scenario() -> None:
-        async with watching(service, folder) as w:
+        async with watching(service, folder, RESCANS) as w:
             assert set(w.rows()) == mine
             sick.set()
             full = w.full_passes()

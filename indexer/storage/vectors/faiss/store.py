@@ -21,10 +21,10 @@ import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from indexer.config import StorageSettings
 from indexer.domain.index_spec import parse_index
 from indexer.domain.records import SearchFilters
 from indexer.fs.disk_full import StorageFull
@@ -201,7 +201,7 @@ class FaissEngine:
                 tmp.unlink(missing_ok=True)
 
 
-def open_engine(settings: Any, database_url: str) -> FaissEngine:
+def open_engine(settings: StorageSettings, database_url: str) -> FaissEngine:
     """The registry's opener (indexer/storage/vectors/registry.py): files under the data dir, one folder per database
     (so two databases sharing a data dir never share index files)."""
     from indexer.storage.vectors.registry import search_tuning

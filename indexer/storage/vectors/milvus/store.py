@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 from pymilvus import DataType, MilvusClient, MilvusException
 
+from indexer.config import StorageSettings
 from indexer.domain.records import SearchFilters
 from indexer.storage.vectors.base import (
     FetchVectors,
@@ -359,7 +360,7 @@ class MilvusEngine:
             release_lite(Path(self.uri))
 
 
-def open_engine(settings: Any, database_url: str) -> MilvusEngine:
+def open_engine(settings: StorageSettings, database_url: str) -> MilvusEngine:
     """The registry's opener (indexer/storage/vectors/registry.py): Milvus at `CNCLIP_MILVUS_URI` (a Lite file or a
     server); the database URL plays no part (collections are named by their vector key)."""
     from indexer.storage.vectors.registry import search_tuning

@@ -143,6 +143,6 @@ def write_toy_model(
             "image": TowerSpec("image", "image_features", towers["image"]),
             "text": TowerSpec("text", "text_features", towers["text"], short_text),
         },
-        extra={"source": "retrieval.toy_model", "seed": seed},
+        extra={"source": "retrieval.toolchain.toy_model", "seed": seed},
     )
     return manifest.save(Path(directory), data_files=data_files)

@@ -3,7 +3,7 @@
 1. **Candidates**: every backend of the registry that is usable here × every run precision it
    offers for the tower's graphs (ONNX Runtime: int8/fp32…; OpenVINO: int8 (NNCF), fp32, bf16 where
    the CPU computes it).
-2. **Gate**: each candidate against the fp32 graphs on the parity set (retrieval/gate.py), on this
+2. **Gate**: each candidate against the fp32 graphs on the parity set (retrieval/toolchain/gate.py), on this
    machine; what fails is refused and not measured.
 3. **Measure**: per tower and shape (batch bucket × text length), each candidate with one shared
    weight copy and with its own prepacked copy (where the backend can share at all), one stream on
@@ -12,7 +12,7 @@
 4. **Choose**: per tower one backend and precision (so a vector never depends on the batch it ran
    in), the one whose per-shape times are closest to each shape's fastest (geometric mean of the
    ratios); per shape prepacked where that is at least `PREPACK_GAIN` faster (for `latency` at
-   batch 1 only: see `shape_choices`), within the memory budget (retrieval/tune_memory.py: the
+   batch 1 only: see `shape_choices`), within the memory budget (retrieval/toolchain/tune/memory.py: the
    least gain dropped first). Streams: 1 (latency, a search service) unless
    `--objective throughput`, which measures N streams × 1 thread against 1 × N.
 """
@@ -35,14 +35,15 @@ import numpy as np
 from retrieval.backends import BACKENDS, SessionConfig, backend_named
 from retrieval.backends.onnxruntime import ONNXRUNTIME
 from retrieval.errors import InvalidInput, ModelError
-from retrieval.gate import Candidate, GateResult, recorded_failures, run_gate, tower_shapes
 from retrieval.manifest import ModelManifest
 from retrieval.memory import return_large_frees_to_os
 from retrieval.memory_budget import BudgetSetting, resolve_budget
+from retrieval.recorded_gate import recorded_failures
 from retrieval.sessions import dummy_batch
 from retrieval.shared_weights import SharedWeights
+from retrieval.toolchain.gate import Candidate, GateResult, run_gate, tower_shapes
+from retrieval.toolchain.tune.memory import TowerMemory, fit_prepacks, fit_towers, rss_mb
 from retrieval.tower_plan import weight_bytes
-from retrieval.tune_memory import TowerMemory, fit_prepacks, fit_towers, rss_mb
 from retrieval.tuning import (
     Fingerprint,
     Measurement,

@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from api.config import Settings
-from indexer.storage.media.thumbnails import THUMBNAIL_SIZE, save_thumbnail
+from indexer.service.thumbnails import THUMBNAIL_SIZE, save_thumbnail
 from retrieval.manifest import CNCLIP_MEAN, CNCLIP_STD
 from retrieval.preprocess import preprocess_image
 from tests.support.api_helpers import api_client

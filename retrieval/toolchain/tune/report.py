@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from retrieval.backends import DEFAULT_BACKEND as ONNXRUNTIME  # the shipped default: the table's baseline
-from retrieval.tune import Progress, TuneOptions, TuneResult, run_tune
+from retrieval.toolchain.tune.tuner import Progress, TuneOptions, TuneResult, run_tune
 from retrieval.tuning import TUNING_NAME, write_tuning
 
 

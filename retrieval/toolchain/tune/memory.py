@@ -20,8 +20,8 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from retrieval.gate import Candidate
 from retrieval.memory_budget import Budget
+from retrieval.toolchain.gate import Candidate
 from retrieval.tuning import TowerChoice
 
 Ranked = list[tuple[float, Candidate]]  # (score: 1.0 = fastest at every shape, candidate), best first

@@ -11,7 +11,9 @@ The reference is the model directory's fp32 graph of the same shape on ONNX Runt
 `cnclip convert` already checked those against PyTorch (cosine ≥ 0.99999), so the gate needs no
 torch and runs wherever the service runs (`cnclip tune` runs it on the machine being tuned, since
 int8 and bf16 kernels differ between CPUs). `cnclip convert` runs it too and records the results
-in the manifest (`extra.gate`); the runtime never picks what a record says failed.
+in the manifest (`extra.gate`); the runtime never picks what a record says failed (it reads the
+record with retrieval/recorded_gate.py, apart from this module: the runtime core never imports the
+toolchain).
 
 The parity set is the converter's (retrieval/toolchain/convert/parity.py uses these functions): 48 smooth
 random pictures and 24 Chinese sentences. It is *not* the int8 calibration set (the demo gallery
@@ -21,16 +23,16 @@ inputs it was not fitted to.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import numpy as np
 
+from retrieval.backends import Backend, SessionConfig, engine_errors
 from retrieval.errors import ModelError
-
-log = logging.getLogger(__name__)
+from retrieval.manifest import CNCLIP_MEAN, CNCLIP_STD, ModelManifest
+from retrieval.tokenizer import tokenize
 
 MIN_COSINE = 0.999
 MIN_TOP10 = 0.98
@@ -76,8 +78,6 @@ def parity_images(count: int, resolution: int, seed: int = 0) -> np.ndarray:
     float32 [n, 3, R, R]. numpy and PIL only, so the gate runs without torch."""
     from PIL import Image
 
-    from retrieval.manifest import CNCLIP_MEAN, CNCLIP_STD
-
     grids = np.random.default_rng(seed).random((count, 3, 6, 6), dtype=np.float32)
     out = np.empty((count, 3, resolution, resolution), dtype=np.float32)
     for i in range(count):
@@ -91,8 +91,6 @@ def parity_images(count: int, resolution: int, seed: int = 0) -> np.ndarray:
 
 def parity_texts(length: int = 52) -> np.ndarray:
     """The parity sentences as cn_clip token ids, int64 [n, length] (cut to `length` tokens)."""
-    from retrieval.tokenizer import tokenize
-
     return tokenize(list(PARITY_SENTENCES), length)
 
 
@@ -200,30 +198,6 @@ def judge(
     )
 
 
-def recorded_failures(extra: dict[str, Any]) -> dict[tuple[str, str, str], str]:
-    """(backend, precision, tower) -> reason, for each result a manifest's `extra.gate` says failed.
-
-    What the record says is taken only when it is well formed; an unreadable record is ignored
-    with a warning (it can only forbid, never allow, so ignoring it is today's behaviour)."""
-    record = extra.get("gate")
-    if record is None:
-        return {}
-    results = record.get("results") if isinstance(record, dict) else None
-    if not isinstance(results, list):
-        log.warning("manifest: extra.gate is not {'results': [...]}; ignored")
-        return {}
-    failed = {}
-    for item in results:
-        if not isinstance(item, dict) or not all(
-            isinstance(item.get(k), str) for k in ("backend", "precision", "tower")
-        ):
-            log.warning("manifest: a gate result is malformed; ignored: %.200r", item)
-            continue
-        if item.get("passed") is not True:
-            failed[(item["backend"], item["precision"], item["tower"])] = str(item.get("reason", "failed"))[:200]
-    return failed
-
-
 def gate_record(results: Iterable[GateResult], machine: dict[str, Any]) -> dict[str, Any]:
     """The manifest's `extra.gate`: thresholds, the machine it ran on, each result."""
     return {
@@ -239,7 +213,7 @@ def gate_record(results: Iterable[GateResult], machine: dict[str, Any]) -> dict[
 class Candidate:
     """One way to run a tower: a backend on a device at a run precision, opening a graph variant."""
 
-    backend: Any  # retrieval.backends.Backend (not imported here: the gate is imported by the backends' callers)
+    backend: Backend
     device: str
     precision: str
     graph: str
@@ -249,7 +223,7 @@ class Candidate:
         return f"{self.backend.name} {self.device} {self.precision}"
 
 
-def tower_shapes(manifest: Any, tower: str, graph: str) -> list[tuple[int, int | None]]:
+def tower_shapes(manifest: ModelManifest, tower: str, graph: str) -> list[tuple[int, int | None]]:
     """Every (batch bucket, text length or None for the full one) the tower has in `graph`."""
     spec = manifest.towers[tower]
     lengths: list[int | None] = [None]
@@ -258,7 +232,7 @@ def tower_shapes(manifest: Any, tower: str, graph: str) -> list[tuple[int, int |
     return [(b, n) for n in lengths for b in spec.buckets(graph)]
 
 
-def gate_inputs(manifest: Any, tower: str, length: int | None) -> np.ndarray:
+def gate_inputs(manifest: ModelManifest, tower: str, length: int | None) -> np.ndarray:
     """The parity inputs of a tower at a text length (None: the full one)."""
     if tower == "image":
         return parity_images(IMAGE_SAMPLES, manifest.image_size)
@@ -266,11 +240,9 @@ def gate_inputs(manifest: Any, tower: str, length: int | None) -> np.ndarray:
 
 
 def candidate_features(
-    manifest: Any, tower: str, candidate: Candidate, shape: tuple[int, int | None], cores: Sequence[int]
+    manifest: ModelManifest, tower: str, candidate: Candidate, shape: tuple[int, int | None], cores: Sequence[int]
 ) -> np.ndarray:
     """The parity inputs run through one candidate's session of one shape."""
-    from retrieval.backends.base import SessionConfig
-
     bucket, length = shape
     spec = manifest.towers[tower]
     config = SessionConfig(
@@ -286,7 +258,7 @@ def candidate_features(
 
 
 def run_gate(
-    manifest: Any, candidates: dict[str, list[Candidate]], cores: Sequence[int], reference: Candidate
+    manifest: ModelManifest, candidates: dict[str, list[Candidate]], cores: Sequence[int], reference: Candidate
 ) -> list[GateResult]:
     """Judge each tower's candidates against `reference` (ONNX Runtime's fp32 on the CPU).
 
@@ -300,8 +272,6 @@ def run_gate(
         if (tower, length) not in refs:
             refs[tower, length] = candidate_features(manifest, tower, reference, (first[tower], length), cores)
         return refs[tower, length]
-
-    from retrieval.backends import engine_errors
 
     results = []
     for tower, options in candidates.items():
