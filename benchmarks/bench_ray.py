@@ -3,6 +3,8 @@
     python benchmarks/bench_ray.py --images 2000 --rounds 3
     python benchmarks/bench_ray.py --database-url postgresql+psycopg://postgres@127.0.0.1:5432/test \\
         --milvus-uri http://127.0.0.1:19530        # the committer into PostgreSQL and Milvus
+    python benchmarks/bench_ray.py --database-url postgresql+psycopg://postgres@127.0.0.1:5432/test \\
+        --shards --modes ray-2,ray-2-shards        # batches against Parquet shards (PostgreSQL COPY)
 
 Every run is the command a user types (a `cnclip index … --json` subprocess) into a collection of its
 own, over the same folder of photo-sized JPEGs; rounds interleave the three modes (their order turns
@@ -14,7 +16,9 @@ Reported per mode (medians over the rounds): images/s over the run as `--json` s
 the walk to the final flush; for `--ray` that includes joining the cluster and the actors loading the
 model, for a local run the model was warmed before), images/s over the whole command (`wall_s`: the
 process's start, imports and model load too), and for `--ray` the committer's rows/s (the driver's
-commits through the collection service: SQL rows and vectors in one transaction each). With the nodes
+commits through the collection service: SQL rows and vectors in one transaction each; with `--shards`,
+the mode `ray-2-shards` commits through Parquet shards of `--shard-rows` rows, each loaded in one
+transaction: its rate counts reading the shard back and the load). With the nodes
 on one machine, two nodes share its cores: the number says what the distribution costs, not what a
 second machine adds (docs/scaling-out.md says how to read it).
 """
@@ -39,6 +43,7 @@ from benchmarks.bench_indexing import generate_jpegs  # noqa: E402
 from retrieval.config import RuntimeSettings  # noqa: E402
 
 MODES = ("local", "ray-1", "ray-2")
+SHARDED = "ray-2-shards"  # two nodes, every run through Parquet shards (--shard-threshold 0)
 
 
 def cpu_flags() -> dict[str, Any]:
@@ -50,9 +55,12 @@ def cpu_flags() -> dict[str, Any]:
     return {"model": model or platform.processor(), "cores": os.cpu_count(), "flags": [f for f in wanted if f in flags]}
 
 
-def run_index(folder: Path, collection: str, env: dict[str, str], batch: int, address: str | None) -> dict[str, Any]:
+def run_index(
+    folder: Path, collection: str, env: dict[str, str], batch: int, address: str | None, shard_rows: int | None = None
+) -> dict[str, Any]:
     args = ["index", str(folder), "-c", collection, "--batch-size", str(batch), "--json"]
     args += ["--ray", address] if address else []
+    args += ["--shard-threshold", "0", "--shard-rows", str(shard_rows)] if shard_rows else []
     started = time.perf_counter()
     done = subprocess.run(
         [sys.executable, "-c", "from cli.main import main; main()", *args],
@@ -96,6 +104,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--database-url", default=None, help="default: a SQLite file of its own")
     parser.add_argument("--milvus-uri", default=None, help="default: FAISS files")
     parser.add_argument("--json-out", type=Path, default=None)
+    parser.add_argument("--shards", action="store_true", help=f"add the mode {SHARDED}: commits through Parquet shards")
+    parser.add_argument("--shard-rows", type=int, default=1000, help=f"{SHARDED}: rows per shard")
+    parser.add_argument("--modes", default=None, help="comma-separated modes to run (default: all)")
     return parser.parse_args()
 
 
@@ -106,16 +117,20 @@ def measure(args: argparse.Namespace, folder: Path, env: dict[str, str]) -> dict
     # Ray kills workers past 95% of the machine's memory, whoever holds it: not on a shared machine.
     os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": args.node_cpus})
-    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in MODES}
+    modes: tuple[str, ...] = (*MODES, SHARDED) if args.shards else MODES
+    modes = tuple(m for m in modes if m in args.modes.split(",")) if args.modes else modes
+    runs: dict[str, list[dict[str, Any]]] = {mode: [] for mode in modes}
     try:
         for round_no in range(args.rounds):
-            order = MODES[round_no % len(MODES) :] + MODES[: round_no % len(MODES)]
+            order = modes[round_no % len(modes) :] + modes[: round_no % len(modes)]
             for mode in order:
                 address = None
                 if mode != "local":
-                    set_nodes(cluster, int(mode[-1]), args.node_cpus)
+                    set_nodes(cluster, int(mode.split("-")[1]), args.node_cpus)
                     address = cluster.address
-                summary = run_index(folder, f"bench_{mode.replace('-', '_')}_{round_no}", env, args.batch_size, address)
+                collection = f"bench_{mode.replace('-', '_')}_{round_no}"
+                rows = args.shard_rows if mode == SHARDED else None
+                summary = run_index(folder, collection, env, args.batch_size, address, rows)
                 assert summary["indexed"] == args.images, summary
                 runs[mode].append(summary)
                 print(f"round {round_no} {mode}: {summary['indexed'] / summary['seconds']:.1f} images/s", flush=True)

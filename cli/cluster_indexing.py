@@ -16,16 +16,25 @@ if TYPE_CHECKING:
     from indexer.domain.index_summary import IndexSummary
 
 
-def cluster_options(address: str, *, watching: bool) -> dict[str, Any]:
+def cluster_options(
+    address: str | None, *, watching: bool, shards: tuple[int | None, int | None] = (None, None)
+) -> dict[str, Any]:
     """The indexer's options for `--ray ADDRESS`, checked before anything opens: Ray installed (else one
-    line naming the extra), and no --watch beside it."""
+    line naming the extra), and no --watch beside it; `shards`: `--shard-threshold` and `--shard-rows`,
+    when given (indexer/bulk/cluster/shards.py has the defaults), only with `--ray`."""
     from indexer.bulk.cluster.ray_session import import_ray
     from retrieval.errors import InvalidInput
 
+    if address is None:
+        raise InvalidInput("--shard-threshold and --shard-rows go with --ray")
     if watching:
         raise InvalidInput("--ray indexes once: it does not combine with --watch")
     import_ray()
-    return {"address": address}
+    options: dict[str, Any] = {"address": address}
+    for name, value in zip(("shard_threshold", "shard_rows"), shards, strict=True):
+        if value is not None:
+            options[name] = value
+    return options
 
 
 def indexer_class(options: dict[str, Any]) -> type[ImageIndexer]:
@@ -41,12 +50,14 @@ def indexer_class(options: dict[str, Any]) -> type[ImageIndexer]:
 
 def run_details(indexer: ImageIndexer, summary: IndexSummary) -> dict[str, Any]:
     """`nodes` (that embedded something), `per_node` (images and rates of each Ray node of a `--ray` run,
-    or of this machine) and, for `--ray`, `commit_rows_per_s` (the driver's commits into the catalog)."""
+    or of this machine) and, for `--ray`, `commit_rows_per_s` (the driver's commits into the catalog),
+    `shards` (Parquet shards committed) and `shards_discarded` (uncommitted ones a killed run left)."""
     work = getattr(indexer, "nodes", None)
     if work is not None:
         nodes = work.rates(summary.seconds)
         committer = round(work.committed / work.commit_s, 1) if work.commit_s else 0.0
-        return {"nodes": len(nodes), "per_node": nodes, "commit_rows_per_s": committer}
+        shards = {"shards": work.shards, "shards_discarded": work.shards_discarded}
+        return {"nodes": len(nodes), "per_node": nodes, "commit_rows_per_s": committer, **shards}
     if not summary.embedded:
         return {"nodes": 0, "per_node": {}}
     rate = round(summary.embedded / summary.seconds, 2) if summary.seconds else 0.0

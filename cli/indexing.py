@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 
 from cli.catalog import storage_settings
+from cli.cluster_indexing import cluster_options  # Ray itself only once a run asks for it
 from cli.errors import EXIT_FILES_FAILED, EXIT_INTERRUPTED, friendly_errors
 from cli.ocr import ocr as ocr_command
 from cli.output import plural
@@ -29,6 +30,8 @@ if TYPE_CHECKING:
     from indexer.service.collections import CollectionService
 
 RAY_HELP = "Read and embed on the Ray cluster at ADDRESS: auto or host:port (docs/scaling-out.md)."
+SHARD_THRESHOLD_HELP = "--ray: above this many files to read, commit through Parquet shards (default 50000)."
+SHARD_ROWS_HELP = "--ray: rows per Parquet shard (default 10000)."
 INDEX_HELP = (
     "Index for a new collection: Flat, HNSW{M}, IVF{n},Flat or IVF{n},PQ{m}[x{bits}] (default CNCLIP_INDEX_FACTORY)."
 )
@@ -63,6 +66,8 @@ def index(
     ] = None,
     poll: Annotated[bool, typer.Option("--poll", help="--watch: poll the folder instead of inotify events.")] = False,
     ray: Annotated[str | None, typer.Option("--ray", metavar="ADDRESS", help=RAY_HELP)] = None,
+    shard_threshold: Annotated[int | None, typer.Option(min=0, help=SHARD_THRESHOLD_HELP)] = None,
+    shard_rows: Annotated[int | None, typer.Option(min=1, help=SHARD_ROWS_HELP)] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the summary as one JSON line.")] = False,
     ocr: Annotated[bool, typer.Option("--ocr", help="Read the text in the photos, also in later runs.")] = False,
 ) -> None:
@@ -84,11 +89,10 @@ def index(
         index_factory = parse_index(index_factory).description
     settings = storage_settings()
     options = {"batch_size": batch_size or settings.index_batch_size, "index_factory": index_factory, "ocr": ocr}
-    if ray is not None:  # before the catalog and the progress bar: a missing extra, --watch beside it
-        from cli.cluster_indexing import cluster_options
-
-        options |= cluster_options(ray, watching=watch or rescan_interval is not None or poll)
-    if watch or rescan_interval is not None or poll:
+    watching = watch or rescan_interval is not None or poll
+    if ray is not None or shard_threshold is not None or shard_rows is not None:  # before the catalog and the bar
+        options |= cluster_options(ray, watching=watching, shards=(shard_threshold, shard_rows))
+    if watching:
         from cli.watching import watch_folder
 
         options["restore_deleted"] = restore_deleted

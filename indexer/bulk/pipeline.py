@@ -34,7 +34,7 @@ from indexer.bulk.routing import FileRouter, MovePayload
 from indexer.bulk.sources import SourceEntry, identities, load_entries
 from indexer.config import StorageSettings
 from indexer.domain.index_summary import IndexSummary, ProgressCallback
-from indexer.domain.records import CollectionState, FileState
+from indexer.domain.records import AddResult, CollectionState, FileState
 from indexer.fs.presence import row_gone
 from indexer.service.collections import CollectionService
 from retrieval.errors import InvalidImage, NotFound
@@ -359,13 +359,17 @@ class ImageIndexer:
         run.before_write()
         if not batch:
             return
-        summary = run.summary
         images = [prepared.new_image() for prepared in batch]
         replaces = [p.replaces for p in batch]
         key = run.target.vector_key
         results = self.service.writes.add_images(self.collection, images, vectors, replace=replaces, vector_key=key)
         run.summary.read_for_text += self.ocr.store(run.target, batch, results)
-        summary.embedded += len(batch)
+        self._count_committed(run.summary, replaces, results)
+
+    @staticmethod
+    def _count_committed(summary: IndexSummary, replaces: list[int | None], results: list[AddResult]) -> None:
+        """What one commit of embedded files did: added, changed, or bytes another run or a user got to first."""
+        summary.embedded += len(results)
         # Another indexer may have committed the same bytes meanwhile: then it is a duplicate here;
         # a user may have deleted them meanwhile: then they stay deleted.
         summary.deleted_before += sum(1 for r in results if r.deleted_by_user)

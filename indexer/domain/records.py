@@ -86,6 +86,7 @@ class NewImage:
     taken_at: datetime | None = None  # filled in from EXIF / mtime by the service when None
     taken_source: TakenSource | None = None
     phash: int | None = None  # perceptual hash (indexer/domain/perceptual.py); the service computes it when None
+    size: int | None = None  # bytes of the file, for a bulk load without them (None: len(data))
 
 
 @dataclass(frozen=True)

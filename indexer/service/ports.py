@@ -75,6 +75,18 @@ class ItemStore(Protocol):
         vector_key: str | None = None,
     ) -> list[AddResult]: ...
 
+    def load_images(
+        self,
+        collection: CollectionState,
+        images: Sequence[NewImage],
+        vectors: np.ndarray,
+        *,
+        replace: Sequence[int | None] | None = None,
+        vector_key: str | None = None,
+    ) -> list[AddResult]:
+        """`add_images` for a bulk load of many rows (one shard of `cnclip index --ray`): the same rules in
+        one transaction, the rows written the fastest way the database has (PostgreSQL: COPY)."""
+
     def add_texts(
         self,
         collection: CollectionState | str,

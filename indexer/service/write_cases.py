@@ -71,6 +71,21 @@ class WriteCases:
         completed = [self.complete(image) for image in images]
         return self.items.add_images(target, completed, vectors, replace=replace, vector_key=target.vector_key)
 
+    def load_images(
+        self,
+        target: CollectionState,
+        images: Sequence[NewImage],
+        vectors: np.ndarray,
+        *,
+        replace: Sequence[int | None] | None = None,
+        vector_key: str | None = None,
+    ) -> list[AddResult]:
+        """`add_images` of a bulk load (a shard of `cnclip index --ray`): images that carry their header's
+        facts, date and size already (their bytes are not here), written in one transaction by the
+        database's bulk path (PostgreSQL COPY)."""
+        target = self.migration.check_generation(self.resolver.writable(target, "images"), vector_key)
+        return self.items.load_images(target, images, vectors, replace=replace, vector_key=target.vector_key)
+
     def add_texts(
         self, name: str | CollectionState, texts: Sequence[NewText], vectors: np.ndarray, vector_key: str | None = None
     ) -> list[AddResult]:

@@ -167,26 +167,32 @@ class SqlCatalog:
         *,
         replace: Sequence[int | None] | None = None,
         vector_key: str | None = None,
+        bulk: bool = False,
     ) -> list[AddResult]:
         """Add images with their vectors; an image whose bytes the collection has already is not added
         again (`created=False`, the existing id). `replace[i]` names a row this image supersedes (a
         changed file), deleted in the same transaction. Each image comes with what its header says
         (mime, size, date): the service reads it once per image; a caller that did not (a test, a
-        benchmark) gets it read here. `collection`: the state the service resolved (its row is not
-        read again) or a name (tests, benchmarks)."""
+        benchmark) gets it read here. `collection`: the state the service resolved or a name."""
         rows: list[dict[str, Any]] = []
         for image in images:
             sha = image.sha256 or hashlib.sha256(image.data).hexdigest()
             mime, width, height = image.mime, image.width, image.height
             if mime is None:
                 mime, width, height = probe_image(image.data)
-            fields: dict[str, Any] = {"path": image.path, "root": image.root, "sha256": sha, "size": len(image.data)}
+            fields: dict[str, Any] = {"path": image.path, "root": image.root, "sha256": sha}
             fields.update(mime=mime, width=width, height=height, caption=image.caption)
             fields.update(mtime=image.mtime, taken_source=image.taken_source)
             fields.update(taken_at=naive_utc(image.taken_at) if image.taken_at else None)
-            fields.update(phash=image.phash)
+            fields.update(phash=image.phash, size=len(image.data) if image.size is None else image.size)
             rows.append({**fields, "tags": list(image.tags), "extra": dict(image.extra), "data": image.data})
-        return self._add(collection, rows, vectors, replace, vector_key)
+        return self._add(collection, rows, vectors, replace, vector_key, bulk)
+
+    def load_images(
+        self, collection: CollectionState, images: Sequence[NewImage], vectors: np.ndarray, **kw: Any
+    ) -> list[AddResult]:
+        """`add_images` of a bulk load, the new rows by PostgreSQL COPY (indexer/storage/sql/bulk_load.py)."""
+        return self.add_images(collection, images, vectors, bulk=True, **kw)
 
     def add_texts(
         self,
@@ -212,6 +218,7 @@ class SqlCatalog:
         vectors: np.ndarray,
         replace: Sequence[int | None] | None,
         vector_key: str | None = None,
+        bulk: bool = False,
     ) -> list[AddResult]:
         """`vector_key`: the model generation the vectors were made for (`GenerationMoved` when another
         is active now). The insert checks the key under the collection's lock with the key its version
@@ -221,7 +228,7 @@ class SqlCatalog:
         if vector_key is not None and vector_key != state.vector_key:
             raise GenerationMoved(f"collection {state.name!r} swapped its model generation; embed again")
         unit = unit_vectors(vectors, len(rows), state.dim)
-        results, version = self.rows.add(state, rows, unit, replace)
+        results, version = self.rows.add(state, rows, unit, replace, bulk)
         self._after_write(state.id, version)
         return results
 

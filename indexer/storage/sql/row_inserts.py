@@ -15,6 +15,7 @@ from indexer.domain.records import AddResult, CollectionState
 from indexer.domain.values import chunks
 from indexer.errors import GenerationMoved
 from indexer.storage.media.store import media_writes, store_media
+from indexer.storage.sql.bulk_load import copy_new_rows, copy_supported
 from indexer.storage.sql.models import DeletedItemRow, ItemRow, ItemTagRow, VectorRow, utcnow
 
 # Every column a bulk insert names (a multi-row INSERT needs the same keys in every row).
@@ -105,14 +106,18 @@ class NewRows:
         """The paths of the bulk-indexed files this batch inserts."""
         return [v["path"] for v in self.values if v["path"] is not None]
 
-    def insert(self, session: Session, unit: np.ndarray) -> list[AddResult]:
-        """Insert the new rows, their vectors (rows of `unit`) and tags; the results with real ids."""
+    def insert(self, session: Session, unit: np.ndarray, bulk: bool = False) -> list[AddResult]:
+        """Insert the new rows, their vectors (rows of `unit`) and tags; the results with real ids. `bulk`:
+        by PostgreSQL COPY where the database has it (indexer/storage/sql/bulk_load.py)."""
         new_ids: list[int] = []
         if self.values:
             # Under the collection's lock (the version bump): a swap that committed since the caller read
             # the collection must not get vectors of the model it replaced (indexer/storage/sql/generations.py).
             if self.active_key != self.collection.vector_key:
                 raise GenerationMoved(f"collection {self.collection.name!r} swapped its model generation; embed again")
+            if bulk and copy_supported(session):
+                new_ids = copy_new_rows(session, self.values, unit, self.positions, self.collection.model)
+                return [AddResult(new_ids[-1 - r.id], r.created) if r.id < 0 else r for r in self.results]
             # Core bulk inserts (one multi-row INSERT … RETURNING): the ORM unit of work cost ~3 ms a row.
             insert_items = insert(ItemRow).returning(ItemRow.id, sort_by_parameter_order=True)
             new_ids = [int(i) for i in session.scalars(insert_items, self.values)]

@@ -172,10 +172,12 @@ class ItemRows:
         rows: list[dict[str, Any]],
         unit: np.ndarray,
         replace: Sequence[int | None] | None,
+        bulk: bool = False,
     ) -> tuple[list[AddResult], int]:
         """Insert new rows with their (L2-normalised) vectors in one transaction; rows whose sha256 the
         collection has already are not added again. `replace[i]` names a row row i supersedes (a changed
-        file), deleted in the same transaction. Returns the results and the version written."""
+        file), deleted in the same transaction. `bulk`: a bulk load (NewRows.insert). Returns the results
+        and the version written."""
         # The media lock (taken before the first copy is written, released after the session closes)
         # keeps the start-up sweep of another process from deleting a copy before its row commits.
         with (
@@ -198,7 +200,7 @@ class ItemRows:
             batch = NewRows(collection, version, active_key, known, deleted, self.media_dir, media_guard)
             for position, row in enumerate(rows):
                 batch.take(position, row)
-            results = batch.insert(session, unit)
+            results = batch.insert(session, unit, bulk)
             forget_copy_paths(session, collection.id, batch.new_paths())
             session.commit()
             return results, version
