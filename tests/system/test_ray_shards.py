@@ -44,7 +44,7 @@ def cluster(two_node_cluster: Any) -> Any:
 @pytest.fixture(
     params=[
         "sqlite",
-        pytest.param("postgresql", marks=[pytest.mark.postgres, pytest.mark.milvus_server, pytest.mark.slow]),
+        pytest.param("postgresql", marks=[pytest.mark.postgres, pytest.mark.milvus_server]),
     ]
 )
 def catalog(
