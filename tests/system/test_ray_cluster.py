@@ -13,7 +13,6 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,46 +23,10 @@ from typer.testing import CliRunner, Result
 from cli.main import build_cli
 from indexer.bulk.cluster.watchdog import STALL_S
 from tests.support.indexer_helpers import cli_env, start_cli, write_images
-from tests.support.ray_cluster import local_cluster, smallest_cosine, top_up, vectors_by_path
+from tests.support.ray_cluster import smallest_cosine, vectors_by_path
 
 IMAGES = 240  # "a few hundred": 30 batches of 8, enough for both nodes' actors to take some
 BATCH = "8"
-
-
-@pytest.fixture(scope="module")
-def two_node_cluster() -> Iterator[Any]:
-    """Two nodes, started once for this module (a start costs ~12 s on 2 cores)."""
-    with local_cluster(nodes=2) as started:
-        yield started
-
-
-@pytest.fixture
-def cluster(two_node_cluster: Any) -> Any:
-    """The module's cluster with its two nodes (again, after a test removed one)."""
-    top_up(two_node_cluster, nodes=2)
-    return two_node_cluster
-
-
-# Both in the default suite (issue 33 asks for SQLite and for PostgreSQL with a Milvus server): ~4 min on 2 cores.
-@pytest.fixture(
-    params=[
-        "sqlite",
-        pytest.param("postgresql", marks=[pytest.mark.postgres, pytest.mark.milvus_server]),
-    ]
-)
-def catalog(
-    request: pytest.FixtureRequest, tmp_path: Path, toy_model_dir: Path
-) -> Iterator[tuple[str, dict[str, str]]]:
-    """(database URL, `cnclip` environment): SQLite with FAISS, or PostgreSQL with the Milvus server."""
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'catalog.db'}"
-        yield url, cli_env(tmp_path / "data", url, toy_model_dir)
-        return
-    from tests.support.postgres import fresh_schema
-
-    uri = request.getfixturevalue("milvus_server_uri")
-    with fresh_schema() as url:
-        yield url, cli_env(tmp_path / "data", url, toy_model_dir, CNCLIP_VECTOR_STORE="milvus", CNCLIP_MILVUS_URI=uri)
 
 
 @pytest.fixture
@@ -114,9 +77,9 @@ def wait_for_commits(url: str, collection: str, process: subprocess.Popen[str], 
 
 
 def test_a_two_node_run_commits_every_file_once_with_a_local_runs_vectors(
-    cluster: Any, catalog: tuple[str, dict[str, str]], photos: tuple[Path, list[Path]]
+    cluster: Any, ray_catalog: tuple[str, dict[str, str]], photos: tuple[Path, list[Path]]
 ) -> None:
-    url, env = catalog
+    url, env = ray_catalog
     folder, images = photos
 
     status, first = index_json(folder, "photos", env, cluster.address)
@@ -142,9 +105,9 @@ def test_a_two_node_run_commits_every_file_once_with_a_local_runs_vectors(
 
 
 def test_a_node_removed_mid_run_leaves_an_exact_collection_after_the_rerun(
-    cluster: Any, catalog: tuple[str, dict[str, str]], photos: tuple[Path, list[Path]]
+    cluster: Any, ray_catalog: tuple[str, dict[str, str]], photos: tuple[Path, list[Path]]
 ) -> None:
-    url, env = catalog
+    url, env = ray_catalog
     folder, images = photos
     status, local = index_json(folder, "local", env, None)  # the reference; it also creates the catalog
     assert status == 3 and local["indexed"] == IMAGES, local
@@ -177,9 +140,9 @@ def test_a_node_removed_mid_run_leaves_an_exact_collection_after_the_rerun(
 
 
 def test_a_driver_killed_mid_run_loses_only_what_it_had_not_committed(
-    cluster: Any, catalog: tuple[str, dict[str, str]], photos: tuple[Path, list[Path]]
+    cluster: Any, ray_catalog: tuple[str, dict[str, str]], photos: tuple[Path, list[Path]]
 ) -> None:
-    url, env = catalog
+    url, env = ray_catalog
     folder, images = photos
     status, local = index_json(folder, "local", env, None)  # the reference; it also creates the catalog
     assert status == 3 and local["indexed"] == IMAGES, local

@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,45 +20,11 @@ from typer.testing import CliRunner, Result
 
 from cli.main import build_cli
 from tests.support.indexer_helpers import cli_env, start_cli, write_images
-from tests.support.ray_cluster import local_cluster, smallest_cosine, top_up, vectors_by_path
+from tests.support.ray_cluster import smallest_cosine, vectors_by_path
 
 IMAGES = 120
 SHARD_ROWS = 20  # 6 shards, each a multiple of the batch
 SHARDS = ["--shard-threshold", "10", "--shard-rows", str(SHARD_ROWS)]  # 122 files to read: above 10
-
-
-@pytest.fixture(scope="module")
-def two_node_cluster() -> Iterator[Any]:
-    """Two nodes, started once for this module."""
-    with local_cluster(nodes=2) as started:
-        yield started
-
-
-@pytest.fixture
-def cluster(two_node_cluster: Any) -> Any:
-    top_up(two_node_cluster, nodes=2)
-    return two_node_cluster
-
-
-@pytest.fixture(
-    params=[
-        "sqlite",
-        pytest.param("postgresql", marks=[pytest.mark.postgres, pytest.mark.milvus_server]),
-    ]
-)
-def catalog(
-    request: pytest.FixtureRequest, tmp_path: Path, toy_model_dir: Path
-) -> Iterator[tuple[str, dict[str, str]]]:
-    """(database URL, `cnclip` environment): SQLite with FAISS, or PostgreSQL with the Milvus server."""
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path / 'catalog.db'}"
-        yield url, cli_env(tmp_path / "data", url, toy_model_dir)
-        return
-    from tests.support.postgres import fresh_schema
-
-    uri = request.getfixturevalue("milvus_server_uri")
-    with fresh_schema() as url:
-        yield url, cli_env(tmp_path / "data", url, toy_model_dir, CNCLIP_VECTOR_STORE="milvus", CNCLIP_MILVUS_URI=uri)
 
 
 @pytest.fixture
@@ -94,9 +59,9 @@ def shard_folders(env: dict[str, str]) -> list[Path]:
 
 
 def test_a_run_above_the_threshold_commits_every_file_once_through_shards(
-    cluster: Any, catalog: tuple[str, dict[str, str]], photos: tuple[Path, list[Path]]
+    cluster: Any, ray_catalog: tuple[str, dict[str, str]], photos: tuple[Path, list[Path]]
 ) -> None:
-    url, env = catalog
+    url, env = ray_catalog
     folder, images = photos
     status, first = index_json(folder, "photos", env, "--ray", cluster.address, *SHARDS)
     assert status == 3 and (first["indexed"], first["failed"], first["not_images"]) == (IMAGES, 1, 1), first
@@ -117,17 +82,17 @@ def test_a_run_above_the_threshold_commits_every_file_once_through_shards(
 
 
 def test_below_the_threshold_a_run_commits_batches(
-    cluster: Any, catalog: tuple[str, dict[str, str]], photos: tuple[Path, list[Path]]
+    cluster: Any, ray_catalog: tuple[str, dict[str, str]], photos: tuple[Path, list[Path]]
 ) -> None:
     folder, _ = photos
-    status, run = index_json(folder, "photos", catalog[1], "--ray", cluster.address, "--shard-threshold", "1000")
+    status, run = index_json(folder, "photos", ray_catalog[1], "--ray", cluster.address, "--shard-threshold", "1000")
     assert status == 3 and (run["indexed"], run["shards"]) == (IMAGES, 0), run
 
 
 def test_a_driver_killed_between_shards_reruns_to_an_exact_collection(
-    cluster: Any, catalog: tuple[str, dict[str, str]], photos: tuple[Path, list[Path]]
+    cluster: Any, ray_catalog: tuple[str, dict[str, str]], photos: tuple[Path, list[Path]]
 ) -> None:
-    url, env = catalog
+    url, env = ray_catalog
     folder, images = photos
     status, local = index_json(folder, "local", env)  # the reference; it also creates the catalog
     assert status == 3 and local["indexed"] == IMAGES, local
