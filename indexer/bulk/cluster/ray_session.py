@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import pickle
+import socket
 import warnings
 from collections.abc import Iterator
 from types import ModuleType
@@ -46,6 +47,24 @@ def import_ray() -> ModuleType:
     return ray
 
 
+REACH_TIMEOUT_S = 5.0
+
+
+def check_reachable(address: str) -> None:
+    """One line, at once, when nothing answers at a `host:port` (or `ray://host:port`) address:
+    `ray.init` itself retries a dead address for minutes without a word. "auto" is Ray's to find."""
+    host_port = address.removeprefix("ray://")
+    if address == "auto" or ":" not in host_port:
+        return  # Ray's own error for a malformed address is immediate
+    host, _, port = host_port.rpartition(":")
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise InvalidInput(f"cannot join the Ray cluster at {address}: the port must be 1-65535")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=REACH_TIMEOUT_S).close()
+    except OSError as exc:
+        raise InvalidInput(f"cannot join the Ray cluster at {address}: nothing answers there ({exc})") from exc
+
+
 class RaySession:
     """This process joined to a Ray cluster at `address` ("auto", "host:port", "ray://…"), for one run.
     It leaves the cluster on `close()` when it joined it (a caller already joined stays joined)."""
@@ -54,6 +73,7 @@ class RaySession:
         self.ray = import_ray()
         self._joined = not self.ray.is_initialized()
         if self._joined:
+            check_reachable(address)
             try:
                 self.ray.init(address=address, logging_level=logging.ERROR, log_to_driver=False)
             except (ConnectionError, ValueError, RuntimeError) as exc:  # no cluster there
