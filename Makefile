@@ -12,9 +12,10 @@ install:  ## Everything the product and its tests need, on a fresh machine, at t
 	# cn_clip is the reference for parity tests; its own dependencies (torchvision, lmdb) are not wanted.
 	$(PY) -m pip install -c constraints.txt --no-deps cn_clip
 	# Debian's Chromium for the browser tests (Playwright drives it; it downloads no browser of its own).
-	# A CJK font so that screenshots of the Chinese UI are readable.
+	# WenQuanYi Micro Hei: screenshots of the Chinese UI are readable, and the text-in-photos tests render
+	# their signs with this very file (any other CJK font would not do).
 	# .ci/apt-install waits while another apt (unattended upgrades on a fresh machine) holds its lock.
-	@{ command -v chromium >/dev/null 2>&1 && fc-list :lang=zh | grep -q .; } || \
+	@{ command -v chromium >/dev/null 2>&1 && test -f /usr/share/fonts/truetype/wqy/wqy-microhei.ttc; } || \
 	  APT_LOCK_WAIT_S=$(APT_LOCK_WAIT_S) .ci/apt-install chromium fonts-wqy-microhei
 
 lock:  ## Re-resolve every dependency to the newest that pyproject.toml allows, into constraints.txt; then run make install test
