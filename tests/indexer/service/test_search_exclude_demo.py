@@ -9,7 +9,7 @@ Measured when the rule was chosen (λ 4, margin 1 sd; docs/api.md "Queries that 
   results of the shape without the colour 1890 without, 2100 with (all 30 every time).
 - "similar" to each of the 35 red pictures excluding "红色", top 30: 364 red results (of 1050) without, 0
   with; results of the picture's shape that are not red 499 without, 656 with.
-- an uploaded red star (demo-0030.png) excluding "红色", top 30: 13 red without; with, 1: the picture
+- an uploaded red star (demo-0030.png) excluding "红色", top 30: 12–13 red without (ties); with, 1: the picture
   itself (it is in the gallery: cosine 1, more than the penalty takes), and stars 18 (5 red) -> 22.
 """
 
@@ -123,7 +123,11 @@ def test_similar_and_image_searches_exclude_too(client: TestClient, demo_dir: Pa
         assert r.status_code == 200, r.text
         found[bool(exclude)] = r.json()["results"]
     red = [x["filename"] for x in found[True] if truth[x["caption"]].colour == "红色"]
-    assert _count(found[False], truth, colour="红色", shape="星形") == (13, 13)  # 13 red; 18 stars, 5 of them red
+    # Measured (13, 13) and (12, 14) on the same gallery: the demo draws many pictures that score equal to
+    # the query, and which of them make the top 30 falls either way with the CPU's summation order. The
+    # exclusion's claim is the difference, not the tie-break: about a dozen red without, one with.
+    red_plain, stars_not_red = _count(found[False], truth, colour="红色", shape="星形")
+    assert 10 <= red_plain <= 16 and stars_not_red >= 10, (red_plain, stars_not_red)
     assert red == ["demo-0030.png"]  # only the query picture itself (cosine 1)
     assert sum(truth[x["caption"]].shape == "星形" for x in found[True]) == 22
 
