@@ -28,15 +28,24 @@ class StorageSettings(WatchTuning, RuntimeSettings):
         "(docs/scaling-out.md#database-connections).",
     )
     index_factory: str = Field(
-        "Flat",
-        description="Index of new collections: Flat, HNSW{M}, IVF{n},Flat or IVF{n},PQ{m}[x{bits}], e.g. HNSW32, "
-        "IVF4096,Flat, IVF4096,PQ64 (Milvus maps these to FLAT, HNSW, IVF_FLAT, IVF_PQ).",
+        "Auto",
+        description="Index of new collections: Auto, Flat, HNSW{M}, IVF{n},Flat or IVF{n},PQ{m}[x{bits}], e.g. HNSW32, "
+        "IVF4096,Flat, IVF4096,PQ64 (Milvus: IVF_FLAT with nlist 1024 for Auto, else FLAT, HNSW, IVF_FLAT, IVF_PQ). Auto "
+        "is Flat below `CNCLIP_INDEX_AUTO_IVF_MIN` vectors, then IVF{≈4√n},Flat searched as deep as recall@10 ≥ 0.95 "
+        "needs, trained in the background again each time the collection grows 4× (docs/indexing.md#auto). Existing "
+        "collections keep the index they were made with.",
     )
     index_train_min: int = Field(
         10_000,
         ge=1,
         description="Vectors a collection needs before a non-Flat factory is trained (Flat until then); never fewer "
         "than the index's trained parts need (39 per IVF list, 2^bits per PQ codebook: 256 for `PQ…x8`).",
+    )
+    index_auto_ivf_min: int = Field(
+        20_000,
+        ge=1,
+        description="Vectors an `Auto` collection holds before it moves from Flat to IVF (measured: "
+        "docs/indexing.md#auto).",
     )
     # Bounded where they enter: they reach FAISS's C++ ints (an `OverflowError` inside a search made the
     # collection degraded) and size each search's work.

@@ -2,7 +2,7 @@
 engine sees the text.
 
 A collection's index is described by a FAISS-style string (`Flat`, `HNSW32`, `IVF1024,Flat`,
-`IVF1024,PQ64`), stored in SQL and shared by both engines (FAISS and Milvus map the same record).
+`IVF1024,PQ64`, `Auto`), stored in SQL and shared by both engines (FAISS and Milvus map the same record).
 FAISS's own factory is never handed a user's string: several malformed ones (`PQ8x0`, `IVF8,RQ1x0`,
 `RR0,Flat`, `HNSW0`) kill the process inside native code, so validating by trying is not safe.
 Instead the text is parsed here against the grammar below, with bounds on every number, into an
@@ -12,6 +12,7 @@ Instead the text is parsed here against the grammar below, with bounds on every 
     HNSW[M][,Flat]            M links per node, 2..512 (bare HNSW is HNSW32, like FAISS)
     IVF<n>,Flat               n inverted lists, 1..65536
     IVF<n>,PQ<m>[x<bits>]     m sub-vectors dividing the dimension, bits 1..8 (default 8)
+    Auto                      Flat while small, then IVF<≈4√n>,Flat re-trained as n grows 4× (`auto_target`)
 
 Numbers are ASCII digits without leading zeros (so each index has one spelling); no spaces, no
 other tokens. Anything else is an `InvalidIndexDescription` naming the allowed forms.
@@ -34,15 +35,18 @@ DEFAULT_BITS = 8
 TRAIN_POINTS_PER_LIST = 39  # FAISS warns when an IVF list's k-means gets fewer training points
 ALLOWED_FORMS = (
     "Flat, HNSW{M} (M 2 to 512, e.g. HNSW32), IVF{n},Flat (n 1 to 65536, e.g. IVF1024,Flat) "
-    "or IVF{n},PQ{m}[x{bits}] (m divides the vector dimension, bits 1 to 8, e.g. IVF1024,PQ64)"
+    "IVF{n},PQ{m}[x{bits}] (m divides the vector dimension, bits 1 to 8, e.g. IVF1024,PQ64) "
+    "or Auto (Flat while small, then IVF{about 4 sqrt(n)},Flat)"
 )
+AUTO_LISTS_PER_ROOT = 4  # Auto's IVF has ≈ 4·√n lists (FAISS's guideline is 4–16·√n; the fewest trains fastest)
 
-IndexKind = Literal["flat", "hnsw", "ivf_flat", "ivf_pq"]
+IndexKind = Literal["flat", "hnsw", "ivf_flat", "ivf_pq", "auto"]
 
 # `[0-9]`, not `\d`: `\d` matches every script's digits (Arabic-Indic `١٠`), and int() would take them.
 _NUMBER = r"0|[1-9][0-9]*"
 _FORMS: tuple[tuple[IndexKind, re.Pattern[str]], ...] = (
     ("flat", re.compile(r"Flat")),
+    ("auto", re.compile(r"Auto")),
     ("hnsw", re.compile(rf"HNSW(?P<links>{_NUMBER})?(?:,Flat)?")),
     ("ivf_flat", re.compile(rf"IVF(?P<lists>{_NUMBER}),Flat")),
     ("ivf_pq", re.compile(rf"IVF(?P<lists>{_NUMBER}),PQ(?P<parts>{_NUMBER})(?:x(?P<bits>{_NUMBER}))?")),
@@ -73,6 +77,8 @@ class IndexSpec:
         if self.kind == "ivf_pq":
             bits = "" if self.bits == DEFAULT_BITS else f"x{self.bits}"
             return f"IVF{self.lists},PQ{self.parts}{bits}"
+        if self.kind == "auto":
+            return "Auto"
         return "Flat"
 
     @property
@@ -102,6 +108,30 @@ class IndexSpec:
 
 
 FLAT = IndexSpec("flat")
+AUTO = IndexSpec("auto")
+
+
+def auto_lists(count: int) -> int:
+    """The IVF lists `Auto` trains for `count` vectors: ≈ 4·√n, and never more than the vectors can
+    train (`TRAIN_POINTS_PER_LIST` each) or Milvus allows. Not rounded to a power of two, so a
+    trained index's lists tell the count it was trained for ((lists / 4)²): the re-training rule
+    below needs no other record in the saved file."""
+    wanted = round(AUTO_LISTS_PER_ROOT * count**0.5)
+    return max(1, min(wanted, count // TRAIN_POINTS_PER_LIST, MAX_LISTS))
+
+
+def auto_target(count: int, active: IndexSpec, flat_up_to: int) -> IndexSpec | None:
+    """What an `Auto` collection of `count` vectors should be trained as now, when it is `active`;
+    None to keep what it has. Flat up to `flat_up_to` vectors (`CNCLIP_INDEX_AUTO_IVF_MIN`, measured:
+    docs/indexing.md), then `IVF{auto_lists(n)},Flat`, trained again each time the collection has
+    grown 4× (its lists would double), so each IVF list keeps ≈ √n/4 vectors and a search's cost
+    grows with √n, not n."""
+    if count < flat_up_to or active.kind not in ("flat", "ivf_flat"):
+        return None
+    lists = auto_lists(count)
+    if active.kind == "ivf_flat" and lists < 2 * active.lists:
+        return None
+    return IndexSpec("ivf_flat", lists=lists)
 
 
 def parse_index(text: object, dim: int | None = None) -> IndexSpec:
@@ -128,6 +158,8 @@ def _checked(kind: IndexKind, numbers: dict[str, int], dim: int | None) -> Index
         return IndexSpec("hnsw", links=links)
     if kind == "flat":
         return FLAT
+    if kind == "auto":
+        return AUTO
     lists = numbers["lists"]
     _within("IVF needs", lists, (1, MAX_LISTS), "lists")
     if kind == "ivf_flat":

@@ -13,6 +13,7 @@ from typer.testing import CliRunner, Result
 
 from cli.main import build_cli
 from indexer.storage.sql.db import create_db_engine
+from indexer.storage.vectors.faiss.delta import delta_path
 from indexer.storage.vectors.faiss.index import VectorIndex
 from retrieval.manifest import ModelManifest
 from tests.support.indexer_helpers import (
@@ -59,7 +60,7 @@ def test_index_stats_search_and_texts(tmp_path: Path, database_url: str, toy_mod
                 "vectors": 10,
                 "deleted": 0,
                 "model": model,
-                "index": "Flat",
+                "index": "Auto",  # the default for new collections: Flat until CNCLIP_INDEX_AUTO_IVF_MIN, then IVF
             }
         ]
     }
@@ -180,10 +181,12 @@ def test_commands_print_no_chatter_on_stderr_unless_verbose(tmp_path: Path, toy_
     write_images(tmp_path / "more", 2, size=(20, 20))
     assert invoke(["index", str(tmp_path / "more"), "-c", "photos"], env).exit_code == 0
 
+    delta_path(file).unlink(missing_ok=True)  # the second run's changes were appended to the log
     file.write_bytes(stale)
     quiet = run_cnclip(["stats"], env)
     assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
     assert quiet.stdout.splitlines()[1].split()[:4] == ["photos", "images", "5", "5"]
+    delta_path(file).unlink(missing_ok=True)
     file.write_bytes(stale)
     loud = run_cnclip(["-v", "stats"], env)
     assert loud.returncode == 0 and "vector store caught up from SQL: 2 added" in loud.stderr

@@ -47,6 +47,7 @@ class SearchTuning:
     nprobe: int = 32  # IVF lists visited per query
     ef_search: int = 128  # HNSW candidate list size
     train_min: int = 10_000  # vectors needed before a non-flat index is trained and used (FAISS)
+    auto_ivf_min: int = 20_000  # `Auto` collections stay Flat below this many vectors (FAISS)
     exact_filter_max: int = 4096  # filters matching at most this many items are searched exactly
 
 

@@ -20,6 +20,7 @@ def search_tuning(settings: StorageSettings) -> SearchTuning:
         nprobe=settings.index_nprobe,
         ef_search=settings.index_ef_search,
         train_min=settings.index_train_min,
+        auto_ivf_min=settings.index_auto_ivf_min,
     )
 
 

@@ -95,6 +95,7 @@ def test_ivf_is_trained_when_large_enough_and_reranks_exactly(tmp_path, database
     caplog.clear()  # only what the step below logs
     with caplog.at_level(logging.INFO, logger="indexer"):
         more, more_vectors = fill(catalog, "c", 100, seed=1, factory="IVF4,Flat")
+        assert catalog.store("c").store.wait_for_training(60)  # type: ignore[attr-defined]  # trained in the background
     assert index.active == "IVF4,Flat" and any("trained IVF4,Flat" in r.message for r in caplog.records)
     all_ids, all_vectors = np.array(ids + more), np.vstack([vectors, more_vectors])
     query = random_unit(1, DIM, seed=9)[0]
@@ -114,6 +115,7 @@ def test_ivf_is_trained_when_large_enough_and_reranks_exactly(tmp_path, database
 def test_hnsw_deletes_are_hidden_and_persisted(tmp_path, database_url) -> None:
     catalog = open_test_catalog(tmp_path / "data", database_url, index_train_min=20)
     ids, vectors = fill(catalog, "c", 40, factory="HNSW8")
+    assert catalog.store("c").store.wait_for_training(60)  # type: ignore[attr-defined]  # built in the background
     assert faiss_index(catalog, "c").active == "HNSW8"
     catalog.delete(ids[:3], reason="user", remember=True)
     assert catalog.search("c", vectors[0], k=1)[0].id != ids[0]

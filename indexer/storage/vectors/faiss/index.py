@@ -2,11 +2,20 @@
 
 `Flat` until the collection is large enough to train its configured index (IVF, HNSW, PQ: what
 "large enough" is comes from the parsed spec, `IndexSpec.training_points`), and `Flat` still, searched
-exactly, when FAISS refuses to train it (tried again at twice the count); approximate indexes fetch k·r candidates and re-rank them exactly with the stored vectors. The
+exactly, when FAISS refuses to train it (tried again at twice the count); approximate indexes fetch k·r candidates and re-rank them exactly with the stored vectors.
+`Auto` (the default for new collections) is Flat up to `SearchTuning.auto_ivf_min` vectors, then
+`IVF{≈4√n},Flat`, trained again whenever the collection has grown 4× (indexer/domain/index_spec.py
+`auto_target`); `active` names what it is now. Building the trained index is slow: the store does it
+in a background thread and swaps it in with `replace_with` (indexer/storage/vectors/faiss/store.py).
+Only a Flat body removes vectors in place; IVF and HNSW hide removed ids (`tombstones`) until rebuilt
+(Auto rebuilds once they pass a quarter of the collection). The
 configured description is parsed (indexer/domain/index_spec.py); FAISS's factory only ever sees the
 string re-rendered from the parsed record, never the stored text itself.
-Files are written whole and atomically (temp file, fsync, rename) with a checksum, so a reader
-sees the old index or the new one, and a damaged file is detected and rebuilt from SQL. The header
+A file (the base) is written whole and atomically (temp file, fsync, rename) with a checksum, so a
+reader sees the old index or the new one, and a damaged file is detected and rebuilt from SQL. Saves
+in between append only what changed to the base's log (delta.py), so adding 200 photos to a 1M
+collection writes 200 vectors, not 2 GB; when the base is rewritten instead is saving.py's rule
+(`needs_full_save` after a rebuilt index is swapped in). Loading replays the log onto the base. The header
 names the collection the file belongs to (`owner`: its never-reused `vector_key`, a random uuid): a
 valid file of another collection or another catalog (same dim, factory and model, even the same ids)
 copied into place is rebuilt from SQL, never adopted with another catalog's vectors.
@@ -15,60 +24,33 @@ copied into place is rebuilt from SQL, never adopted with another catalog's vect
 from __future__ import annotations
 
 import logging
-import os
 import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import faiss
 import numpy as np
 
-from indexer.domain.index_spec import FLAT, IndexSpec, InvalidIndexDescription, parse_index
+from indexer.domain.index_spec import (
+    FLAT,
+    IndexSpec,
+    InvalidIndexDescription,
+    auto_lists,
+    auto_target,
+    parse_index,
+)
 from indexer.storage.vectors.base import FetchVectors, SearchTuning
-from indexer.storage.vectors.faiss.file import IndexFileError, read_index_file, write_index_file
+from indexer.storage.vectors.faiss.auto import RecallProbe, as_flat
+from indexer.storage.vectors.faiss.delta import Change
+from indexer.storage.vectors.faiss.file import IndexFileError, read_index_file
+from indexer.storage.vectors.faiss.rwlock import ReadWriteLock
+from indexer.storage.vectors.faiss.saving import IndexFiles, file_identity
 
 log = logging.getLogger(__name__)
 
 
-class ReadWriteLock:
-    """Many concurrent searches, one mutation at a time (FAISS is not safe for add during search).
-    A waiting writer holds back new readers, so a stream of searches cannot starve it."""
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._readers = 0
-        self._writing = False
-        self._writers_waiting = 0
-
-    @contextmanager
-    def read(self) -> Iterator[None]:
-        with self._cond:
-            while self._writing or self._writers_waiting:
-                self._cond.wait()
-            self._readers += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._readers -= 1
-                self._cond.notify_all()
-
-    @contextmanager
-    def write(self) -> Iterator[None]:
-        with self._cond:
-            self._writers_waiting += 1
-            while self._writing or self._readers:
-                self._cond.wait()
-            self._writers_waiting -= 1
-            self._writing = True
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._writing = False
-                self._cond.notify_all()
+class TrainingCancelled(Exception):
+    """A build stopped because its collection is being dropped or closed (indexer/storage/vectors/faiss/store.py)."""
 
 
 def training_threshold(spec: IndexSpec, tuning: SearchTuning) -> int:
@@ -104,13 +86,15 @@ class VectorIndex:
         self.spec = self.parsed or FLAT  # what training builds
         self.model = model
         self.tuning = tuning or SearchTuning()
-        self.active = "Flat"  # what the index is now: Flat, or `factory` once trained
+        self.active = "Flat"  # what the index is now: Flat, `factory` once trained (Auto: the IVF it trained)
         self.index: faiss.IndexIDMap2 = faiss.IndexIDMap2(faiss.IndexFlatIP(dim))
         # Ids removed from an index that cannot remove (HNSW): filtered out of every search.
         self.tombstones: set[int] = set()
         # Vectors held when training last failed (0: it never did): the next try waits for twice as many.
         self.training_failed_at = 0
+        self.nprobe: int | None = None  # Auto's IVF: the depth measured when trained (auto.py); else the setting
         self.lock = ReadWriteLock()
+        self.files = IndexFiles(dim)  # the base file and its log, and what the next save appends
 
     # --- contents -------------------------------------------------------------------------
     @property
@@ -130,62 +114,130 @@ class VectorIndex:
         vectors = np.ascontiguousarray(vectors, dtype=np.float32).reshape(-1, self.dim)
         with self.lock.write():
             self.index.add_with_ids(vectors, np.ascontiguousarray(ids, dtype=np.int64))
+            self.files.changes.added(ids, vectors)
 
     def remove(self, ids: np.ndarray) -> None:
         if len(ids) == 0:
             return
         ids = np.ascontiguousarray(ids, dtype=np.int64)
         with self.lock.write():
-            try:
+            # Only a Flat body removes in place: IndexIDMap2 compacts its id map as IndexFlat compacts
+            # its rows, but an IVF keeps its entries' internal numbers, so removing there shifts every
+            # later label onto another vector (search for id 600 answered 605). HNSW cannot remove.
+            # Those hide the ids instead, until the index is rebuilt (Auto: `target`).
+            if isinstance(faiss.downcast_index(self.index.index), faiss.IndexFlat):
                 self.index.remove_ids(ids)  # type: ignore[arg-type]  # the numpy overload is not in faiss's stubs
-            except RuntimeError:  # HNSW cannot remove: hide the ids instead
+            else:
                 self.tombstones.update(int(i) for i in ids)
+            self.files.changes.removed(ids)
 
     def replace_with(self, other: VectorIndex) -> None:
         """Swap in a rebuilt index (searches see the old one or the new one, never half of one)."""
         with self.lock.write():
             self.index, self.active, self.tombstones = other.index, other.active, other.tombstones
+            self.nprobe = other.nprobe
+            self.needs_full_save = True
+
+    @property
+    def needs_full_save(self) -> bool:
+        """Whether the next save rewrites the base file (set after swapping in a rebuilt index:
+        the log records changes to the base's index, not to another one)."""
+        return self.files.changes.full_save
+
+    @needs_full_save.setter
+    def needs_full_save(self, value: bool) -> None:
+        if value:  # only a save clears it
+            self.files.changes.rewrite()
 
     # --- training -----------------------------------------------------------------------------
     @property
     def active_spec(self) -> IndexSpec:
-        """What the index is now: Flat until trained, then the configured spec."""
-        return FLAT if self.active == "Flat" else self.spec
+        """What the index is now: Flat until trained, then the configured spec (Auto: the IVF it trained)."""
+        if self.active == "Flat":
+            return FLAT
+        if self.spec.kind != "auto":
+            return self.spec
+        return parse_index(self.active, self.dim)  # checked when loaded: an IVF{n},Flat
 
-    def wants_training(self, count: int) -> bool:
-        return (
+    def target(self, count: int) -> IndexSpec | None:
+        """The index to build for `count` vectors, when that is not what the index is now; else None."""
+        if self.spec.kind == "auto":
+            wanted = auto_target(count, self.active_spec, self.tuning.auto_ivf_min)
+            # Removed vectors hidden (`remove`) are still scanned: past a quarter, rebuild without them.
+            hidden = len(self.tombstones) > count // 4
+            if wanted is None and hidden and self.active != "Flat" and count >= self.tuning.auto_ivf_min:
+                return parse_index(f"IVF{auto_lists(count)},Flat", self.dim)
+            return wanted
+        if (
             self.active != self.factory
             and self.spec.needs_training
             and count >= training_threshold(self.spec, self.tuning)
-            and count >= 2 * self.training_failed_at
-        )
+        ):
+            return self.spec
+        return None
 
-    def build(self, ids: np.ndarray, fetch: FetchVectors, chunk: int = 20_000) -> VectorIndex:
+    def wants_training(self, count: int) -> bool:
+        return self.target(count) is not None and count >= 2 * self.training_failed_at
+
+    def build(
+        self, ids: np.ndarray, fetch: FetchVectors, chunk: int = 20_000, cancelled: threading.Event | None = None
+    ) -> VectorIndex:
         """A new index of this one's kind holding `ids` (vectors from `fetch`), trained if large enough.
         When FAISS cannot train it (a RuntimeError from native code), the new index is Flat — exact
-        searches over the same vectors — and this one remembers the count, so training is tried
-        again only once the collection has doubled: a collection whose index cannot be built is
-        searched exactly until it can, never broken."""
+        searches over the same vectors; the store keeps the index it has — and this one remembers the
+        count, so training is tried again only once the collection has doubled: a collection whose
+        index cannot be built is searched as before until it can, never broken.
+        `cancelled` set (a drop or close) stops it between steps with `TrainingCancelled`."""
         fresh = VectorIndex(self.dim, self.factory, self.model, self.tuning, self.owner)
         fresh.training_failed_at = self.training_failed_at
-        if fresh.wants_training(len(ids)):
+        target = fresh.target(len(ids)) if fresh.wants_training(len(ids)) else None
+        if target is not None:
             try:
-                fresh.index, fresh.active = self._trained(ids, fetch), self.factory
-            except RuntimeError as exc:  # FAISS's C++ exceptions; the collection stays exact (Flat)
+                fresh.index = self._trained(target, ids, fetch)
+                fresh.active = self.factory if self.spec.kind != "auto" else target.description
+            except RuntimeError as exc:  # FAISS's C++ exceptions; the collection stays as it was
                 self.training_failed_at = fresh.training_failed_at = len(ids)
                 log.warning(
-                    "index %s not trained on %d vectors, searching exactly (Flat) until %d: %s",
-                    self.spec.description, len(ids), 2 * len(ids), str(exc).strip().splitlines()[-1][:200],
+                    "index %s not trained on %d vectors, searching as before (%s) until %d: %s",
+                    target.description, len(ids), self.active, 2 * len(ids), str(exc).strip().splitlines()[-1][:200],
                 )  # fmt: skip
+        # Auto measures how deep its IVF must search on these very vectors (indexer/storage/vectors/faiss/auto.py).
+        probe = RecallProbe(ids, fetch) if self.spec.kind == "auto" and fresh.active != "Flat" else None
         for start in range(0, len(ids), chunk):
+            if cancelled is not None and cancelled.is_set():
+                raise TrainingCancelled(f"building {fresh.active} stopped: its collection is closing")
             part = ids[start : start + chunk]
-            fresh.index.add_with_ids(np.ascontiguousarray(fetch(part), dtype=np.float32), part.astype(np.int64))
+            vectors = np.ascontiguousarray(fetch(part), dtype=np.float32)
+            fresh.index.add_with_ids(vectors, part.astype(np.int64))
+            if probe is not None:
+                probe.observe(part, vectors)
+        if probe is not None:
+            self._settle_depth(fresh, probe, len(ids))
         return fresh
 
-    def _trained(self, ids: np.ndarray, fetch: FetchVectors) -> faiss.IndexIDMap2:
-        """An empty id-mapped index of the configured spec, trained on a sample of `ids`."""
+    def _settle_depth(self, fresh: VectorIndex, probe: RecallProbe, count: int) -> None:
+        """Auto's IVF searches at the fewest lists that reach the target recall; when none within
+        a quarter of them does, the new index goes back to Flat (exact is better for such data) and
+        the next try waits for twice as many vectors."""
+        lists = fresh.active_spec.lists
+        depth = probe.depth(fresh.index, lists, self.tuning.nprobe)
+        if depth.nprobe is not None:
+            fresh.nprobe = depth.nprobe
+            log.info(
+                "%s on %d vectors: nprobe %d gives recall@10 %.3f", fresh.active, count, depth.nprobe, depth.recall
+            )
+            return
+        log.warning(
+            "%s on %d vectors reaches recall@10 %.3f visiting a quarter of its lists: searching as before (%s) until %d",
+            fresh.active, count, depth.recall, self.active, 2 * count,
+        )  # fmt: skip
+        self.training_failed_at = fresh.training_failed_at = count
+        fresh.index, fresh.active = as_flat(fresh.index, self.dim), "Flat"
+
+    def _trained(self, spec: IndexSpec, ids: np.ndarray, fetch: FetchVectors) -> faiss.IndexIDMap2:
+        """An empty id-mapped index of `spec` (the configured one, or Auto's IVF), trained on a sample of `ids`."""
         # Only the re-rendered description of a parsed spec reaches FAISS (indexer/domain/index_spec.py).
-        inner = faiss.index_factory(self.dim, self.spec.description, faiss.METRIC_INNER_PRODUCT)
+        inner = faiss.index_factory(self.dim, spec.description, faiss.METRIC_INNER_PRODUCT)
         ivf = faiss.try_extract_index_ivf(inner)
         # Any: faiss's stubs type downcast_index as the base Index, which lacks the IVF-PQ field.
         concrete: Any = faiss.downcast_index(ivf) if ivf is not None else None
@@ -194,7 +246,7 @@ class VectorIndex:
             concrete.do_polysemous_training = False
         if not inner.is_trained:
             # 64 points per IVF list (faiss wants ≥ 39), at least 50k for PQ codebooks.
-            sample_size = min(len(ids), max(50_000, 64 * self.spec.lists))
+            sample_size = min(len(ids), max(50_000, 64 * spec.lists))
             rng = np.random.default_rng(0)
             sample = np.sort(rng.choice(ids, size=sample_size, replace=False))
             inner.train(np.ascontiguousarray(fetch(sample), dtype=np.float32))
@@ -208,7 +260,8 @@ class VectorIndex:
         if kind == "hnsw" and hasattr(inner, "hnsw"):
             return faiss.SearchParametersHNSW(sel=selector, efSearch=self.tuning.ef_search)  # type: ignore[attr-defined,no-any-return]
         if kind in ("ivf_flat", "ivf_pq"):
-            return faiss.SearchParametersIVF(sel=selector, nprobe=self.tuning.nprobe)  # type: ignore[call-arg]
+            nprobe = self.nprobe or self.tuning.nprobe  # Auto's measured depth, else the setting
+            return faiss.SearchParametersIVF(sel=selector, nprobe=nprobe)  # type: ignore[call-arg]
         return faiss.SearchParameters(sel=selector) if selector is not None else None  # type: ignore[call-arg]
 
     def search(
@@ -247,8 +300,9 @@ class VectorIndex:
 
     # --- files ------------------------------------------------------------------------------------
     def save(self, path: Path) -> None:
-        """Write atomically (indexer/storage/vectors/faiss/file.py: streamed, temp file, fsync, rename, fsync the
-        folder). A full disk is `StorageFull`; a failed save removes its temp file."""
+        """Append what changed since the last save to the log beside `path`, or write the whole index
+        atomically (file.py: streamed, temp file, fsync, rename, fsync the folder) and drop the log
+        (saving.py says which). A full disk is `StorageFull`; a failed save keeps the changes."""
         with self.lock.read():
             header = {
                 "dim": self.dim,
@@ -257,13 +311,9 @@ class VectorIndex:
                 "model": self.model,
                 "owner": self.owner,
                 "tombstones": sorted(self.tombstones),
+                "nprobe": self.nprobe,  # Auto's measured search depth (auto.py)
             }
-            write_index_file(path, header, self.index)
-        dir_fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+            self.files.save(path, header, self.index)
 
     @classmethod
     def load(
@@ -279,6 +329,7 @@ class VectorIndex:
         a store opens), a file whose header names another owner, or none (saved before owners were
         written), is refused too: its ids may be another catalog's."""
         loaded = cls(dim, factory, model, tuning, owner or "")
+        identity = file_identity(path)  # before reading: a file replaced since only costs a rewrite
 
         def accept(meta: dict[str, Any]) -> None:
             try:
@@ -293,11 +344,17 @@ class VectorIndex:
                     f"made for another collection or catalog (owner {meta.get('owner')!r}, not {owner!r})"
                 )
             loaded.owner = meta.get("owner") or ""
+            nprobe = meta.get("nprobe")  # absent before Auto: the setting's
+            if nprobe is not None and (not isinstance(nprobe, int) or not 1 <= nprobe <= 65_536):
+                raise IndexFileError("unreadable header (nprobe)")
+            loaded.nprobe = nprobe
             if loaded.active != "Flat" and loaded.parsed is None:
                 # Trained by an older version from a description this one does not parse: rebuild as Flat.
                 raise IndexFileError(f"trained as {factory!r}, an index this version does not build")
+            if loaded.spec.kind == "auto" and loaded.active != "Flat" and not _auto_ivf(loaded.active, dim):
+                raise IndexFileError(f"an Auto index trained as {loaded.active[:40]!r}, which Auto never builds")
 
-        _, index = read_index_file(path, accept)
+        header, index = read_index_file(path, accept)
         if not isinstance(index, faiss.IndexIDMap2):
             raise IndexFileError("not an id-mapped index")
         # The header is checked above; the body must be what it says too (a body spliced in from
@@ -307,7 +364,30 @@ class VectorIndex:
         if loaded.active == "Flat" and not isinstance(faiss.downcast_index(index.index), faiss.IndexFlat):
             raise IndexFileError("its header says Flat, its body is another index")
         loaded.index = index
+        loaded._replay(path, identity, header)
         return loaded
+
+    def _replay(self, path: Path, identity: tuple[int, int, int] | None, header: dict[str, Any]) -> None:
+        """Apply the log of the base just loaded (saving.py): a log that stops early is rewritten away
+        at the next save, and what it lacked the SQL catch-up on open adds back."""
+
+        def apply(change: Change) -> None:
+            if change.vectors is None:
+                self.remove(change.ids)
+            else:
+                self.add(change.ids, change.vectors)
+
+        problem = self.files.replay(path, identity, header, int(self.index.ntotal), apply)
+        if problem:
+            log.info("index %s: its log not replayed whole: %s", path.name, problem)
+
+
+def _auto_ivf(active: str, dim: int) -> bool:
+    """Whether `active` (a file header's) is an index Auto builds: IVF{n},Flat in the grammar."""
+    try:
+        return parse_index(active, dim).kind == "ivf_flat"
+    except InvalidIndexDescription:
+        return False
 
 
 def _exact(query: np.ndarray, ids: np.ndarray, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -19,6 +19,12 @@ the compressed IVF that Lite does build. We map instead of refusing because the 
 property of the collection in SQL: a collection made against a Milvus server must stay openable
 by a Lite box (tests, one machine) and the other way round. Compressed indexes are re-ranked
 exactly from SQL's vectors, so scores stay cosines either way.
+`Auto` -> IVF_FLAT(nlist=1024) (`AUTO_NLIST`): Milvus builds an index per sealed segment and
+searches growing segments by brute force, so there is no Flat phase to leave and no swap to make;
+one nlist sized for a sealed segment (≈ 4·√(its rows): a 512 MB segment holds ~250k 512-d vectors,
+4·√250k = 2000, and FAISS's 4–16·√n rule allows the lower 1024 for smaller segments) serves every
+size. Milvus's AUTOINDEX would pick for us, but Lite does not build it and what it builds differs
+between versions; IVF_FLAT is built and tested on both.
 
 Filters are expressions with `{placeholders}` and a parameter dict (Milvus `filter_params`), so a
 user's tag or mime never becomes expression text on a server that takes templates (2.5 up).
@@ -51,6 +57,7 @@ NOTHING = "id < 0"  # an expression no item passes (ids are SQL primary keys, fr
 
 MIN_SERVER = (2, 3, 0)  # docs/scaling-out.md's "Supported Milvus versions" says the same
 TEMPLATES_SINCE = (2, 5, 0)  # filter_params and nullable fields
+AUTO_NLIST = 1024  # `Auto` on Milvus: see the module docstring
 SERVER_INDEXES = frozenset({"FLAT", "IVF_FLAT", "HNSW", "IVF_PQ", "IVF_SQ8"})
 
 
@@ -150,6 +157,8 @@ def plan_index(factory: str, dim: int, supports: MilvusCapabilities) -> IndexPla
     if not 1 <= dim <= MAX_DIM:
         raise InvalidInput(f"Milvus holds vectors of 1 to {MAX_DIM} dimensions, not {dim}")
     spec = parse_index(factory, dim)
+    if spec.kind == "auto":
+        return IndexPlan("IVF_FLAT", {"nlist": AUTO_NLIST})
     if spec.kind == "ivf_flat":
         return IndexPlan("IVF_FLAT", {"nlist": spec.lists})
     if spec.kind == "hnsw":

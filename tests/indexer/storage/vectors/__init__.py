@@ -1,0 +1,1 @@
+"""Tests of indexer/storage/vectors/: the vector engines."""

@@ -1,0 +1,1 @@
+"""Tests of indexer/storage/vectors/faiss/: the FAISS engine (index, store, files)."""
