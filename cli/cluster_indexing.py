@@ -67,6 +67,7 @@ def run_details(indexer: ImageIndexer, summary: IndexSummary) -> dict[str, Any]:
 
 def json_summary(summary: IndexSummary, details: dict[str, Any], bad_files: Path | None) -> str:
     """The `--json` line: `indexed` (new and changed files embedded), `skipped`, `failed`, `seconds`,
+    `images_per_s` (embedded per second of the run), `stages` (where its time went, docs/indexing.md),
     the run's `details` (`nodes`, `per_node`, ...), the summary line's other counts and `report` (the
     bad files' JSONL, or null)."""
     return json.dumps(
@@ -84,6 +85,8 @@ def json_summary(summary: IndexSummary, details: dict[str, Any], bad_files: Path
             "read_for_text": summary.read_for_text,
             "interrupted": summary.interrupted,
             "seconds": round(summary.seconds, 3),
+            "images_per_s": round(summary.embedded / summary.seconds, 2) if summary.seconds else 0.0,
+            "stages": summary.stages.rounded(),  # seconds per stage; they overlap (docs/indexing.md)
             **details,
             "report": str(bad_files) if bad_files is not None else None,
         }

@@ -33,7 +33,8 @@ RAY_HELP = "Read and embed on the Ray cluster at ADDRESS: auto or host:port (doc
 SHARD_THRESHOLD_HELP = "--ray: above this many files to read, commit through Parquet shards (default 50000)."
 SHARD_ROWS_HELP = "--ray: rows per Parquet shard (default 10000)."
 INDEX_HELP = (
-    "Index for a new collection: Flat, HNSW{M}, IVF{n},Flat or IVF{n},PQ{m}[x{bits}] (default CNCLIP_INDEX_FACTORY)."
+    "Index for a new collection: Auto, Flat, HNSW{M}, IVF{n},Flat or IVF{n},PQ{m}[x{bits}] (default "
+    "CNCLIP_INDEX_FACTORY: Auto, Flat then IVF as it grows)."
 )
 
 

@@ -71,6 +71,19 @@ def rebuild_progress(collection: str) -> Iterator[Callable[[int, int], None]]:
         yield lambda done, total: progress.update(task, completed=done, total=total)
 
 
+def stage_line(summary: IndexSummary) -> str:
+    """Where the run's time went (docs/indexing.md, "Stage times"); stages overlap, so they may add up
+    to more than the wall time."""
+    times = summary.stages
+    ocr = f", ocr {times.ocr_s:.1f}" if times.ocr_s else ""
+    waited = f" (+{times.core_wait_s:.1f} waiting for a core)" if times.core_wait_s >= 0.05 else ""
+    return (
+        f"stages (s, overlapping): walk {times.walk_s:.1f}, read {times.read_s:.1f}, "
+        f"decode {times.decode_s:.1f}{waited}, encode {times.encode_s:.1f}, commit {times.commit_s:.1f}, "
+        f"vectors {times.vectors_s:.1f}{ocr}; wall {times.wall_s:.1f}"
+    )
+
+
 def print_summary(summary: IndexSummary, dry_run: bool) -> None:
     """The summary line of a pass (`cnclip index`, the first pass of `cnclip watch`) and its first bad files."""
     from indexer.fs.file_names import printable
@@ -95,6 +108,8 @@ def print_summary(summary: IndexSummary, dry_run: bool) -> None:
             f"failed {len(summary.failures)}; "
             f"pruned {summary.pruned}{dated}; {summary.seconds:.1f} s{rate}"
         )
+        if summary.embedded and summary.stages.wall_s:
+            typer.echo(stage_line(summary))
     for where, why in summary.failures[:SHOWN_FAILURES]:
         typer.echo(f"  bad: {printable(where)}: {printable(why)}")
     if len(summary.failures) > SHOWN_FAILURES:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from indexer.bulk.moves import unchanged
 from indexer.bulk.raw_companions import raw_companions
 from indexer.bulk.sources import SourceEntry
+from indexer.bulk.stage_clock import StageClock
 from indexer.domain.duplicates import FileCopy
 from indexer.domain.index_summary import IndexSummary, ProgressCallback
 from indexer.domain.records import CollectionState, FileState
@@ -47,6 +48,10 @@ class IndexRun:
     undated: list[SourceEntry] = field(default_factory=list)  # unchanged files whose rows have no taken_at
     unhashed: list[SourceEntry] = field(default_factory=list)  # unchanged files whose rows have no perceptual hash
     copies: list[FileCopy] = field(default_factory=list)  # files with the bytes of an item at another path
+    clock: StageClock = field(init=False)  # times the stages into `summary.stages`
+
+    def __post_init__(self) -> None:
+        self.clock = StageClock(self.summary.stages)
 
 
 def plan(

@@ -18,6 +18,7 @@ from collections.abc import Awaitable, Sequence
 import numpy as np
 
 from indexer.bulk.reading import PreparedFile
+from indexer.bulk.stage_clock import StageClock
 from indexer.domain.records import AddResult, CollectionState
 from indexer.service.collections import CollectionService
 from retrieval.errors import EncoderUnavailable
@@ -36,19 +37,27 @@ class OcrStage:
         self._texts: dict[int, RecognisedText] = {}  # by id() of an embedded PreparedFile, until committed
 
     async def beside(
-        self, embedding: Awaitable[Embedded], target: CollectionState | None, batch: list[PreparedFile]
+        self,
+        embedding: Awaitable[Embedded],
+        target: CollectionState | None,
+        batch: list[PreparedFile],
+        clock: StageClock | None = None,
     ) -> Embedded:
         """`embedding` (the batch's vectors), with the batch read for text at the same time when the
-        collection has OCR; the text of the files it kept waits for `store`."""
+        collection has OCR (timed as `ocr` on `clock`); the text of the files it kept waits for `store`."""
         if target is None or not self.service.texts.wanted(target):
             return await embedding
-        (kept, vectors), texts = await asyncio.gather(
-            embedding, self.service.texts.read(target, [p.data for p in batch])
-        )
+        (kept, vectors), texts = await asyncio.gather(embedding, self._read(target, batch, clock or StageClock()))
         if texts is not None:
             wanted = {id(p) for p in kept}
             self._texts.update({id(p): t for p, t in zip(batch, texts, strict=True) if id(p) in wanted})
         return kept, vectors
+
+    async def _read(
+        self, target: CollectionState, batch: list[PreparedFile], clock: StageClock
+    ) -> list[RecognisedText] | None:
+        with clock.sharing("ocr"):
+            return await self.service.texts.read(target, [p.data for p in batch])
 
     def store(self, target: CollectionState | None, batch: Sequence[PreparedFile], added: Sequence[AddResult]) -> int:
         """Store the text read for the committed `batch` (blocking); returns how many items got a row."""
@@ -58,12 +67,16 @@ class OcrStage:
             return 0
         return self.service.texts.store(target, [r for r, _ in pairs], [t for _, t in pairs])
 
-    async def fill_missing(self, target: CollectionState | None, stop: asyncio.Event) -> int:
-        """Read the collection's items that have no text yet (see the module docstring); returns how many."""
+    async def fill_missing(
+        self, target: CollectionState | None, stop: asyncio.Event, clock: StageClock | None = None
+    ) -> int:
+        """Read the collection's items that have no text yet (see the module docstring; timed as `ocr`
+        on `clock`); returns how many."""
         if target is None or not self.service.texts.wanted(target) or stop.is_set():
             return 0
         try:
-            fill = await self.service.texts.fill(target.name, stop=stop)
+            with (clock or StageClock()).sharing("ocr"):
+                fill = await self.service.texts.fill(target.name, stop=stop)
         except EncoderUnavailable:  # logged once by the reader; `cnclip ocr` reads them once it loads
             return 0
         if fill.unreadable:

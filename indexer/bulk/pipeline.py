@@ -1,8 +1,10 @@
 """The bulk indexing pipeline: read → embed → commit, each stage overlapping the next.
 
-reader threads (read bytes, sha256, read the header once) → batches of `batch_size` embedded by the
-encoder, `inflight` batches at once → one writer committing each batch through the collection
-service (SQL rows + vectors in one transaction; the vector store is caught up once, at the end).
+reader threads (read bytes, sha256, read the header once; with the local encoder, decode new files
+into its pixels: indexer/bulk/embedding.py) → batches of `batch_size` embedded by the encoder,
+`inflight` batches at once → one writer committing each batch through the collection service (SQL
+rows + vectors in one transaction; the vector store is caught up once, at the end). Each stage's
+time goes into the summary's `stages` (indexer/bulk/stage_clock.py).
 Incremental: a file whose size and mtime are unchanged (and whose st_ctime is older than its row) is
 not read; one whose bytes the collection has already is not embedded (a rename only moves its path:
 moves by content first, indexer/bulk/moves.py, then indexer/bulk/routing.py). Bad files (one over the image limit
@@ -26,18 +28,20 @@ from typing import Any
 import numpy as np
 
 from indexer.bulk.backfills import backfill
+from indexer.bulk.embedding import Decode, embed_batch, pixel_decoder
 from indexer.bulk.index_run import IndexRun, Todo, plan
 from indexer.bulk.moves import FileMoves, prunable, settle_moves
 from indexer.bulk.ocr_stage import OcrStage
 from indexer.bulk.reading import PreparedFile, read_file, read_phash, read_taken
 from indexer.bulk.routing import FileRouter, MovePayload
 from indexer.bulk.sources import SourceEntry, identities, load_entries
+from indexer.bulk.stage_clock import StageClock
 from indexer.config import StorageSettings
 from indexer.domain.index_summary import IndexSummary, ProgressCallback
 from indexer.domain.records import AddResult, CollectionState, FileState
 from indexer.fs.presence import row_gone
 from indexer.service.collections import CollectionService
-from retrieval.errors import InvalidImage, NotFound
+from retrieval.errors import EncoderUnavailable, InvalidInput, NotFound
 from retrieval.preprocess import preprocess_image
 from retrieval.types import Encoder
 
@@ -122,6 +126,7 @@ class ImageIndexer:
         report = on_progress or (lambda _summary: None)
         entries, problems = load_entries(source, skip=identities(self.exclude))
         summary = IndexSummary(total=len(entries) + len(problems), failures=list(problems))
+        summary.stages.walk_s = time.perf_counter() - started
         if dry_run:
             await self._dry_run(entries, summary, stop, report, prune)
         else:
@@ -129,7 +134,7 @@ class ImageIndexer:
             run = self.new_run(summary, stop, report, target=target, restore_deleted=self.restore_deleted, **pruning)
             await self.index(entries, run)
         summary.interrupted = stop.is_set()
-        summary.seconds = time.perf_counter() - started
+        summary.seconds = summary.stages.wall_s = time.perf_counter() - started
         report(summary)
         return summary
 
@@ -140,8 +145,9 @@ class ImageIndexer:
         if run.restore_deleted:
             restored = self.service.forget_deletions(self.collection)
             log.info("%s: %d deleted items may be indexed again", self.collection, restored)
-        states = self.service.file_states(self.collection)
-        todo, run.undated, run.unhashed = plan(entries, states, run.summary)
+        with run.clock.timing("walk"):
+            states = self.service.file_states(self.collection)
+            todo, run.undated, run.unhashed = plan(entries, states, run.summary)
         moves = (self.service, self.collection, todo, run.summary, self.read_threads, None, run.stop.is_set)
         apply_moves = functools.partial(self._apply_moves, run)
         todo = await asyncio.to_thread(settle_moves, *moves, apply_moves, run.folder_moving)  # by content, first
@@ -151,13 +157,14 @@ class ImageIndexer:
         if run.unhashed and not run.stop.is_set():
             run.summary.hashed = await asyncio.to_thread(self._hash_unchanged, run.unhashed, states)
         await self._index(run, todo)
-        run.summary.read_for_text += await self.ocr.fill_missing(run.target, run.stop)  # items without text yet
+        run.summary.read_for_text += await self.ocr.fill_missing(run.target, run.stop, run.clock)  # items without text
         if run.copies:
             await asyncio.to_thread(self.service.duplicates.record_copies, self.collection, run.copies)
         if run.prune is not None and not run.stop.is_set():
             run.summary.pruned = await asyncio.to_thread(run.prune, run)
         if run.flush:
-            await asyncio.to_thread(self.service.flush, self.collection)
+            with run.clock.timing("vectors"):  # the store caught up from SQL and saved
+                await asyncio.to_thread(self.service.flush, self.collection)
 
     def _date_unchanged(self, undated: list[SourceEntry], states: dict[str, FileState]) -> int:
         """The date backfill (indexer/bulk/backfills.py) for rows indexed before taken_at existed."""
@@ -209,7 +216,7 @@ class ImageIndexer:
         decode = functools.partial(
             preprocess_image, max_bytes=self.service.max_image_bytes, max_pixels=self.service.max_image_pixels
         )
-        async for prepared in self._read(todo, summary, stop, decode):
+        async for prepared in self._read(todo, summary, stop, StageClock(summary.stages), decode):
             if router.route(prepared, summary) == "embed":
                 if prepared.decode_error is None:
                     summary.would_index += 1
@@ -224,11 +231,12 @@ class ImageIndexer:
         todo: Todo,
         summary: IndexSummary,
         stop: asyncio.Event,
-        decode: Callable[[bytes], object] | None = None,
+        clock: StageClock,
+        decode: Decode | None = None,
         needs_hash: Callable[[str], bool] | None = None,
     ) -> AsyncIterator[PreparedFile]:
         """Files read and probed (and with `decode`, decoded; with `needs_hash`, perceptually hashed)
-        by the reader threads, in order, a bounded window ahead."""
+        by the reader threads, in order, a bounded window ahead (`read_s`: their time less `decode_s`)."""
         window = max(self.batch_size * 2, self.read_threads * 4)
         limit = self.service.max_image_bytes  # a larger file is refused before it is read
         with ThreadPoolExecutor(self.read_threads, thread_name_prefix="cnclip-read") as pool:
@@ -236,7 +244,8 @@ class ImageIndexer:
             position = 0
             while position < len(todo) or pending:
                 while position < len(todo) and len(pending) < window and not stop.is_set():
-                    pending.append(pool.submit(read_file, *todo[position], decode, needs_hash, limit))
+                    read = functools.partial(read_file, *todo[position], decode, needs_hash, limit)
+                    pending.append(pool.submit(clock.run, "read", read))
                     position += 1
                 if not pending:
                     break
@@ -251,21 +260,6 @@ class ImageIndexer:
                     summary.failures.append(result)
                 else:
                     yield result
-
-    async def _embed(self, run: IndexRun, batch: list[PreparedFile]) -> tuple[list[PreparedFile], np.ndarray]:
-        """Vectors for a batch; when the encoder refuses one image, the others are embedded alone."""
-        encoder = self.encoder(run)
-        try:
-            return batch, await encoder.embed_images([p.data for p in batch])
-        except InvalidImage:
-            good, vectors = [], []
-            for prepared in batch:
-                try:
-                    vectors.append((await encoder.embed_images([prepared.data]))[0])
-                    good.append(prepared)
-                except InvalidImage as exc:
-                    run.summary.failures.append((str(prepared.entry.path), exc.message))
-            return good, np.array(vectors, dtype=np.float32).reshape(len(good), encoder.dim)
 
     async def _index(self, run: IndexRun, todo: Todo) -> None:
         """Reader → encoder → writer: a producer routes the read files into embedding batches and
@@ -302,14 +296,19 @@ class ImageIndexer:
     ) -> None:
         summary, stop = run.summary, run.stop
 
+        decode = None
+        with contextlib.suppress(EncoderUnavailable, InvalidInput):  # else raised by the first batch to embed
+            decode = pixel_decoder(self.encoder(run), run.clock)
+
         def embed(batch: list[PreparedFile]) -> Embedding:
-            task = asyncio.create_task(self.ocr.beside(self._embed(run, batch), run.target, batch))
+            embedding = embed_batch(functools.partial(self.encoder, run), batch, decode, run.clock, summary.failures)
+            task = asyncio.create_task(self.ocr.beside(embedding, run.target, batch, run.clock))
             embeddings.add(task)
             return task
 
         batch: list[PreparedFile] = []
         try:
-            async for prepared in self._read(todo, summary, stop, needs_hash=router.needs_hash):
+            async for prepared in self._read(todo, summary, stop, run.clock, decode, router.needs_hash):
                 action = router.route(prepared, summary)
                 if action == "embed":
                     batch.append(prepared)
@@ -333,12 +332,13 @@ class ImageIndexer:
     async def _write(self, run: IndexRun, job: tuple[str, object], embeddings: set[Embedding]) -> None:
         kind, payload = job
         if kind == "move":
-            await asyncio.to_thread(self._apply_move, run, payload)  # type: ignore[arg-type]
+            move = functools.partial(self._apply_move, run, payload)  # type: ignore[arg-type]
+            await asyncio.to_thread(run.clock.run, "commit", move)
             return
         task: Embedding = payload  # type: ignore[assignment]
         good, vectors = await task
         embeddings.discard(task)
-        await asyncio.to_thread(self._commit, run, good, vectors)
+        await asyncio.to_thread(run.clock.run, "commit", functools.partial(self._commit, run, good, vectors))
 
     def _apply_moves(self, run: IndexRun, moves: FileMoves) -> None:
         """A run's moves by content, in one transaction (indexer/bulk/moves.py)."""

@@ -8,6 +8,8 @@ import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from indexer.bulk.sources import SourceEntry, looks_like_image
 from indexer.domain.perceptual import phash_of_bytes
 from indexer.domain.records import FileState, NewImage
@@ -33,8 +35,9 @@ class PreparedFile:
     mtime: float
     replaces: int | None  # the row of this path's previous content
     taken: Taken
-    decode_error: str | None = None  # (the dry run) why the encoder would refuse the pixels
+    decode_error: str | None = None  # why the encoder would refuse (or refused) the pixels
     phash: int | None = None  # perceptual hash, taken when `needs_hash` said so
+    pixels: np.ndarray | None = None  # what `decode` made of the bytes (None: not decoded here)
 
     def new_image(self) -> NewImage:
         """The image to add, with everything the reader learnt (the service reads nothing again)."""
@@ -85,17 +88,19 @@ def _read_inside(entry: SourceEntry, max_bytes: int = DEFAULT_MAX_BYTES) -> tupl
 def read_file(
     entry: SourceEntry,
     state: FileState | None,
-    decode: Callable[[bytes], object] | None = None,
+    decode: Callable[[bytes], np.ndarray] | None = None,
     needs_hash: Callable[[str], bool] | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> PreparedFile | tuple[str, str] | None:
     """Read, hash and probe one file (reader thread). None: not an image; (path, reason): a bad file.
 
-    `decode` (the dry run): also decode the pixels the way the encoder will and keep why that fails
-    (a truncated JPEG: its header is fine, its data is not), for the files the run would embed.
-    `needs_hash(sha256)`: whether to take the perceptual hash (not for bytes the collection has: a
-    rename or a copy costs no decoding). `max_bytes`: the server's image limit; a larger file is a
-    bad file (when it claims to be an image) and is never read whole."""
+    `decode`: also decode the pixels the way the encoder does and keep them, or why that fails (a
+    truncated JPEG: its header is fine, its data is not): the dry run, and a run whose encoder takes
+    pixels (indexer/bulk/embedding.py). `needs_hash(sha256)`: whether these are new bytes, whose
+    perceptual hash is taken (and, with `decode`, pixels made); not for bytes the collection has: a
+    rename or a copy costs no decoding. Without `needs_hash` every file is decoded (the dry run).
+    `max_bytes`: the server's image limit; a larger file is a bad file (when it claims to be an
+    image) and is never read whole."""
     try:
         data, mtime = _read_inside(entry, max_bytes)
     except TooLarge as exc:
@@ -115,16 +120,29 @@ def read_file(
     sha = hashlib.sha256(data).hexdigest()
     replaces = state.id if state is not None and state.sha256 != sha else None
     taken = taken_from(header, mtime)
-    decode_error = None
-    if decode is not None:
+    new_bytes = needs_hash is not None and needs_hash(sha)
+    decode_error, pixels = None, None
+    if decode is not None and (needs_hash is None or new_bytes):
         try:
-            decode(data)
+            pixels = decode(data)
         except InvalidImage as exc:
             decode_error = exc.message
     size = len(data)
-    phash = phash_of_bytes(data) if needs_hash is not None and needs_hash(sha) else None
+    phash = phash_of_bytes(data) if new_bytes else None
     return PreparedFile(
-        entry, data, sha, header.mime, header.width, header.height, size, mtime, replaces, taken, decode_error, phash
+        entry,
+        data,
+        sha,
+        header.mime,
+        header.width,
+        header.height,
+        size,
+        mtime,
+        replaces,
+        taken,
+        decode_error,
+        phash,
+        pixels,
     )
 
 

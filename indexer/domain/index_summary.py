@@ -4,7 +4,28 @@ progress bar show."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+
+
+@dataclass
+class StageTimes:
+    """Seconds a run spent in each stage (docs/indexing.md, "Stage times"). Each is the time the stage
+    was busy, summed over its threads: the reader threads and the batches in flight overlap, so the
+    stages may add up to more than `wall_s` (and `read_s` alone may, with several reader threads)."""
+
+    walk_s: float = 0.0  # listing the folder or manifest and the stat of each file (the plan)
+    read_s: float = 0.0  # reader threads: bytes, sha256, header, perceptual hash (not the decode)
+    decode_s: float = 0.0  # reader threads: decode + preprocess to the model's pixels (0: the encoder decodes)
+    core_wait_s: float = 0.0  # reader threads waiting for a core to decode on (the encoder's sessions held them)
+    encode_s: float = 0.0  # the encoder working on the run's batches (with its own decoding when decode_s is 0)
+    commit_s: float = 0.0  # SQL: the rows of each batch committed (with their vectors, for the store to catch up)
+    vectors_s: float = 0.0  # the vector store: added and saved at the end of the run
+    ocr_s: float = 0.0  # collections with OCR: reading the photos' text
+    wall_s: float = 0.0  # the whole run, as the clock on the wall saw it
+
+    def rounded(self) -> dict[str, float]:
+        """The stages for `--json`, in milliseconds' precision."""
+        return {name: round(seconds, 3) for name, seconds in asdict(self).items()}
 
 
 @dataclass
@@ -33,6 +54,7 @@ class IndexSummary:
     seconds: float = 0.0
     embedded: int = 0  # images that went through the encoder (for items/s)
     read_for_text: int = 0  # images read for text in a collection with OCR (docs/ocr.md)
+    stages: StageTimes = field(default_factory=StageTimes)  # where the run's time went
 
     @property
     def skipped(self) -> int:
