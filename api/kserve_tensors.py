@@ -192,24 +192,54 @@ def decode_input(model: ServedModel, req: InferRequest, binary: bytes, encoder: 
             )
         array = np.frombuffer(segment, dtype=dtype).reshape(shape)
     else:
-        flat = _flatten(tensor.data if tensor.data is not None else [])
-        if len(flat) != count:
-            raise BadRequest(f"input '{tensor.name}' has {len(flat)} elements, its shape {shape} needs {count}")
-        # Bounded before numpy converts them (2**70 or 10**400 would raise OverflowError there).
-        low, high = _JSON_RANGES[model.datatype]
-        if not numbers_within(flat, low, high):
-            raise BadRequest(
-                f"input '{tensor.name}' holds values that are not {model.datatype} numbers in [{low:g}, {high:g}]"
-            )
-        try:
-            array = np.asarray(flat, dtype=dtype).reshape(shape)
-        except (TypeError, ValueError) as exc:
-            raise BadRequest(f"input '{tensor.name}' holds values that are not {model.datatype}") from exc
+        array = _json_tensor(tensor, model.datatype, shape, count)
     if model.datatype == "INT64" and array.size and (array.min() < 0 or array.max() >= VOCAB_SIZE):
         raise BadRequest(f"token ids must lie in [0, {VOCAB_SIZE}); got {array.min()}..{array.max()}")
     if model.datatype == "FP32" and not np.isfinite(array).all():
         raise BadRequest(f"input '{tensor.name}' contains NaN or infinity")
     return np.ascontiguousarray(array)
+
+
+def _json_tensor(tensor: RequestInput, datatype: str, shape: list[int], count: int) -> np.ndarray:
+    """JSON `data` as an array of `shape`, every value checked against the datatype's range.
+
+    A regular nested list of ints or floats, all finite, is read by numpy in one call (issue 34: the
+    element-by-element path made the JSON tensor path 0.68× the binary one). Anything else — bools,
+    strings, null, ragged rows, ints past 64 bits, NaN or infinity — goes element by element, so its
+    answer (and error message) is the same as before."""
+    low, high = _JSON_RANGES[datatype]
+    out_of_range = f"input '{tensor.name}' holds values that are not {datatype} numbers in [{low:g}, {high:g}]"
+    data = tensor.data if tensor.data is not None else []
+    numeric = _regular_numbers(data)
+    if numeric is not None:
+        if numeric.size != count:
+            raise BadRequest(f"input '{tensor.name}' has {numeric.size} elements, its shape {shape} needs {count}")
+        if numeric.size and not (low <= numeric.min() and numeric.max() <= high):
+            raise BadRequest(out_of_range)
+        if datatype == "FP32" and numeric.dtype.kind in "iu":
+            numeric = numeric.astype(np.float64)  # as Python converts an int: to a double, then to float32
+        return numeric.astype(_NUMPY_DTYPES[datatype]).reshape(shape)
+    flat = _flatten(data)
+    if len(flat) != count:
+        raise BadRequest(f"input '{tensor.name}' has {len(flat)} elements, its shape {shape} needs {count}")
+    # Bounded before numpy converts them (2**70 or 10**400 would raise OverflowError there).
+    if not numbers_within(flat, low, high):
+        raise BadRequest(out_of_range)
+    try:
+        return np.asarray(flat, dtype=_NUMPY_DTYPES[datatype]).reshape(shape)
+    except (TypeError, ValueError) as exc:
+        raise BadRequest(f"input '{tensor.name}' holds values that are not {datatype}") from exc
+
+
+def _regular_numbers(data: list[Any]) -> np.ndarray | None:
+    """`data` as an int64/uint64/float64 array when it is a regular nesting of finite numbers; else None."""
+    try:
+        array = np.array(data)
+    except (ValueError, TypeError, OverflowError, RecursionError):  # ragged, or ints past float range
+        return None
+    if array.dtype.kind not in "iuf" or (array.dtype.kind == "f" and not np.isfinite(array).all()):
+        return None
+    return array
 
 
 def _binary_segment(tensor: RequestInput, binary: bytes) -> bytes | None:

@@ -37,6 +37,7 @@ from indexer.storage.vectors.registry import open_vector_engine
 from retrieval.config import RuntimeSettings
 from retrieval.encoder import create_encoder
 from retrieval.errors import EncoderUnavailable
+from retrieval.machine_limits import CoreGate
 from retrieval.ocr.reader import OcrReader, open_rapidocr
 from retrieval.types import Encoder, EncoderObserver
 from retrieval.zeroshot import ZeroShotClassifier
@@ -87,13 +88,20 @@ def prepare_for_serving(settings: StorageSettings) -> None:
 
 def model_encoders(settings: RuntimeSettings, observer: EncoderObserver | None = None) -> list[Encoder]:
     """The settings' encoder, then one per `CNCLIP_MODEL_DIRS` directory (a server that answers
-    collections of several models, e.g. during `cnclip migrate`); not started."""
-    return [create_encoder(settings, observer=observer)] + [
-        model_encoder(settings, directory, observer) for directory in getattr(settings, "model_dirs", [])
+    collections of several models, e.g. during `cnclip migrate`); not started. They share one core
+    gate: all their compute threads together stay within the cores (retrieval/machine_limits.py)."""
+    gate = CoreGate()
+    return [create_encoder(settings, observer=observer, core_gate=gate)] + [
+        model_encoder(settings, directory, observer, gate) for directory in getattr(settings, "model_dirs", [])
     ]
 
 
-def model_encoder(settings: RuntimeSettings, model_dir: Any, observer: EncoderObserver | None = None) -> Encoder:
+def model_encoder(
+    settings: RuntimeSettings,
+    model_dir: Any,
+    observer: EncoderObserver | None = None,
+    core_gate: CoreGate | None = None,
+) -> Encoder:
     """An encoder of the model in `model_dir`, with the settings' runtime options (`cnclip migrate --model`).
     `ModelError` when the directory holds no usable model."""
     from pathlib import Path
@@ -101,7 +109,9 @@ def model_encoder(settings: RuntimeSettings, model_dir: Any, observer: EncoderOb
     from retrieval.manifest import ModelManifest
 
     ModelManifest.load(Path(model_dir))  # one clear line for a directory that is not a model
-    return create_encoder(settings.model_copy(update={"model_dir": Path(model_dir)}), observer=observer)
+    return create_encoder(
+        settings.model_copy(update={"model_dir": Path(model_dir)}), observer=observer, core_gate=core_gate
+    )
 
 
 async def _attach_ocr(

@@ -3,11 +3,15 @@
 Requests enter a bounded queue of rows. One dispatcher task waits until the queue can fill the
 largest bucket or the oldest row has waited `max_delay_s` (it does not wait at all when no batch is
 in flight: an idle encoder gains nothing by waiting), takes an idle stream, and cuts a batch:
-a full largest bucket, or the rows present if they fill a bucket exactly, or otherwise either
-the next-smaller exact bucket or padding up to the next bucket, whichever wastes fewer rows.
-Padding rows copy a real row and are dropped before anything is returned. Text requests come cut
-to their length bucket (see `retrieval/text_lengths.py`); a batch mixing lengths runs at its longest,
-the shorter rows zero-padded (padding is masked, so their vectors do not change).
+the bucket whose run costs the fewest seconds per real row: a full bucket, or the rows present
+padded up to the next bucket. Padding 3 rows up to 8 pays only where the 8-row graph runs them
+faster than smaller graphs would (issue 34: shared-weight batched graphs may be slower per row
+than batch 1). Each bucket's time is measured once, at warm-up (fixed since: the same rows
+are cut the same way, so a request's int8 vectors do not drift with the load); without times (fakes)
+a rule of thumb on rows decides. Padding rows copy a real row and are dropped before
+anything is returned. Text requests come cut to their length bucket (see `retrieval/text_lengths.py`);
+a batch mixing lengths runs at its longest, the shorter rows zero-padded (padding is masked, so their
+vectors do not change).
 
 Guarantees: every request's future is resolved (vectors, or an exception with the cause); a full
 queue raises `Overloaded` at once; rows of a cancelled request are dropped before inference; a
@@ -21,7 +25,7 @@ import bisect
 import logging
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -55,8 +59,21 @@ class _Batch:
     bucket: int = 0
 
 
-def choose_batch(available: int, buckets: Sequence[int]) -> tuple[int, int]:
-    """(rows to take, bucket to run) for `available` due rows; buckets sorted ascending."""
+def choose_batch(
+    available: int, buckets: Sequence[int], bucket_seconds: Mapping[int, float] | None = None
+) -> tuple[int, int]:
+    """(rows to take, bucket to run) for `available` due rows; buckets sorted ascending.
+
+    With `bucket_seconds` (a run's time per bucket, measured at warm-up) the bucket that costs the
+    fewest seconds per real row: padding only where the bigger graph is that much cheaper per row
+    (the smaller bucket on a tie: less latency). Without, a rule of thumb on rows alone."""
+    if bucket_seconds and all(bucket_seconds.get(b, 0) > 0 for b in buckets):
+        per_row = {b: bucket_seconds[b] / b for b in buckets if b <= available}  # full buckets
+        up = next((b for b in buckets if b >= available), None)  # the one bucket worth padding up to
+        if up is not None:
+            per_row[up] = bucket_seconds[up] / available
+        bucket = min(per_row, key=lambda b: (per_row[b], b))
+        return min(bucket, available), bucket
     largest = buckets[-1]
     if available >= largest:
         return largest, largest
@@ -102,6 +119,7 @@ class DynamicBatcher:
         max_queue_size: int,
         merge_requests: bool = True,
         observer: EncoderObserver | None = None,
+        bucket_seconds: Mapping[int, float] | None = None,
     ) -> None:
         self.tower = tower
         self.pool = pool
@@ -110,6 +128,7 @@ class DynamicBatcher:
         self.max_queue_size = max_queue_size
         self.merge_requests = merge_requests
         self.observer = observer
+        self.bucket_seconds = dict(bucket_seconds or {})
         self._queue: deque[_Request] = deque()
         self._queued_rows = 0
         self._arrived = asyncio.Event()
@@ -207,9 +226,11 @@ class DynamicBatcher:
         if available == 0:
             return None
         if self.merge_requests:
-            rows, bucket = choose_batch(available, self.buckets)
+            rows, bucket = choose_batch(available, self.buckets, self.bucket_seconds)
         else:  # one request (or a largest-bucket slice of it) per batch
-            rows, bucket = choose_batch(min(self._queue[0].waiting, self.buckets[-1]), self.buckets)
+            rows, bucket = choose_batch(
+                min(self._queue[0].waiting, self.buckets[-1]), self.buckets, self.bucket_seconds
+            )
         batch = _Batch(rows=rows, bucket=bucket)
         need = rows
         while need:

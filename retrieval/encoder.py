@@ -15,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
 
 import numpy as np
@@ -25,6 +25,7 @@ from retrieval.batcher import DynamicBatcher
 from retrieval.config import RuntimeSettings
 from retrieval.errors import EncoderUnavailable, InvalidImage, InvalidInput, ModelError
 from retrieval.fair_pool import FairPool, ItemFailed
+from retrieval.machine_limits import CoreGate
 from retrieval.manifest import ModelManifest
 from retrieval.preprocess import preprocess_image
 from retrieval.query_cache import QueryCache, TokenKey, embed_with_cache
@@ -46,7 +47,9 @@ class LocalEncoder:
 
     `await start()` plans each tower (backend, device, precision, prepacked shapes, streams), opens
     one session per tower, shape and stream and runs every one once; only then is `ready` True.
-    `session_factory` replaces every backend's sessions (tests inject fakes through it).
+    `session_factory` replaces every backend's sessions (tests inject fakes through it). `core_gate`:
+    the compute-thread permits its streams and decode workers hold (retrieval/machine_limits.py);
+    encoders of several models in one process pass the same one (default: its own, of every core).
     """
 
     def __init__(
@@ -55,6 +58,7 @@ class LocalEncoder:
         manifest: ModelManifest | None = None,
         observer: EncoderObserver | None = None,
         session_factory: SessionFactory | None = None,
+        core_gate: CoreGate | None = None,
     ) -> None:
         self.settings = settings
         self.manifest = manifest if manifest is not None else ModelManifest.load(settings.model_dir)
@@ -76,6 +80,8 @@ class LocalEncoder:
         self._tokenizer = default_tokenizer()
         self._vocab_size = len(self._tokenizer.vocab)
         self.query_cache: QueryCache[TokenKey] = QueryCache(settings.query_cache_size)
+        # Every compute thread (streams of both towers, decode workers) holds its share while it works.
+        self.core_gate = core_gate if core_gate is not None else CoreGate()
         self._ready = False
 
     # --- lifecycle -------------------------------------------------------------------------------
@@ -138,7 +144,9 @@ class LocalEncoder:
                 device_id=s.device_id,
                 cores=cores,
                 pin_threads=s.pin_threads,
-                spin=plan.streams == 1,
+                # The gate hands the cores to the other tower and the decode workers between runs: a
+                # pool still spinning after its run would hold a core one of them was just given.
+                spin=False,
                 weights=weights,
                 backend=plan.backend.name,
                 run_precision=plan.precision,
@@ -153,7 +161,15 @@ class LocalEncoder:
                 lengths=self.text_lengths if plan.tower == "text" else (),
                 prepack=plan.prepack,
             )
-            stream = Stream(index, session, cores, pin=s.pin_threads and on_cores)
+            stream = Stream(
+                index,
+                session,
+                cores,
+                pin=s.pin_threads and on_cores,
+                gate=self.core_gate,
+                threads=len(cores),
+                urgent=plan.tower == "text",  # a query's batch: short, and someone is waiting for it
+            )
             # Warm up in the stream's own (pinned) thread, as it will run.
             streams.append(stream)
             stream.executor.submit(stream.warm_up, self.image_size, self.context_length).result()
@@ -190,13 +206,16 @@ class LocalEncoder:
                 max_queue_size=self.settings.max_queue_size,
                 merge_requests=self.settings.dynamic_batching,
                 observer=self.observer,
+                bucket_seconds=_slowest_per_bucket(streams[tower]),
             )
             batcher.start()
             self._batchers[tower] = batcher
+            per_row = ", ".join(f"b{b} {t / b * 1000:.2f}" for b, t in sorted(batcher.bucket_seconds.items()))
+            log.info("%s batches, ms per row at warm-up (the batcher pads only where it pays): %s", tower, per_row)
         workers = max(1, sum(len(p) for p in cpu_thread_plan(self.settings.streams, self.settings.threads_per_stream)))
         placements = {plan.placement() + f" ({plan.device.reason})" for plan in self.plans.values()}
         # Shared by requests in turns (retrieval/fair_pool.py): one request of many images cannot hold them all.
-        self._preprocess_pool = FairPool(workers, "preprocess")
+        self._preprocess_pool = FairPool(min(workers, self.core_gate.cores), "preprocess", gate=self.core_gate)
         self._ready = True
         log.info(
             "encoder %s ready in %.1fs: provider %s; precision text=%s image=%s; buckets %s; "
@@ -222,6 +241,20 @@ class LocalEncoder:
         if self._preprocess_pool is not None:
             self._preprocess_pool.close()
         self._batchers, self._pools, self._preprocess_pool = {}, {}, None
+
+    def compute_threads(self) -> dict[str, int]:
+        """The threads that may compute at once, as started: `cores` (the gate's permits: at most the
+        cores this process may run on), the `widest_stream`'s threads, the `decode_workers`, and
+        `ungated`: streams and pools that compute without holding the gate (0, or the bound is void)."""
+        streams = [stream for pool in self._pools.values() for stream in pool.streams]
+        decode = self._preprocess_pool
+        return {
+            "cores": self.core_gate.cores,
+            "widest_stream": max((stream.threads for stream in streams), default=0),
+            "decode_workers": decode.workers if decode else 0,
+            "ungated": sum(stream.gate is not self.core_gate for stream in streams)
+            + int(decode is not None and decode.gate is not self.core_gate),
+        }
 
     def queue_depth(self, tower: str) -> int:
         """Rows of `tower` waiting for a batch."""
@@ -273,14 +306,11 @@ class LocalEncoder:
         ids = tokenize() if len(texts) <= _TOKENIZE_INLINE else await asyncio.to_thread(tokenize)
         return await self._submit_text(ids, time.perf_counter() - start)
 
-    async def embed_images(self, images: Sequence[bytes]) -> np.ndarray:
-        """L2-normalised float32 (n, dim) for raw image bytes; `InvalidImage` names the bad one."""
-        if len(images) == 0:
-            return np.zeros((0, self.dim), dtype=np.float32)
-        self._batcher("image").check_capacity(min(len(images), self._batcher("image").max_queue_size))
-        assert self._preprocess_pool is not None
-        start = time.perf_counter()
-        prep = partial(
+    def image_preprocessor(self) -> Callable[[bytes], np.ndarray]:
+        """Image bytes → this model's pixels (3, R, R), with this encoder's limits: what `embed_images`
+        runs on each image before `embed_pixels`. The bulk indexer decodes with it in its own threads
+        (indexer/bulk/embedding.py), so the vectors are the same either way."""
+        return partial(
             preprocess_image,
             size=self.image_size,
             mean=self.manifest.mean,
@@ -288,8 +318,16 @@ class LocalEncoder:
             max_bytes=self.settings.max_image_bytes,
             max_pixels=self.settings.max_image_pixels,
         )
+
+    async def embed_images(self, images: Sequence[bytes]) -> np.ndarray:
+        """L2-normalised float32 (n, dim) for raw image bytes; `InvalidImage` names the bad one."""
+        if len(images) == 0:
+            return np.zeros((0, self.dim), dtype=np.float32)
+        self._batcher("image").check_capacity(min(len(images), self._batcher("image").max_queue_size))
+        assert self._preprocess_pool is not None
+        start = time.perf_counter()
         try:
-            results = await self._preprocess_pool.map(prep, images)
+            results = await self._preprocess_pool.map(self.image_preprocessor(), images)
         except ItemFailed as failed:
             error = failed.error
             if isinstance(error, InvalidImage) and len(images) > 1:
@@ -323,11 +361,23 @@ class LocalEncoder:
         return await self._submit("image", pixels, 0.0)
 
 
-def create_encoder(settings: RuntimeSettings, observer: EncoderObserver | None = None) -> Encoder:
+def _slowest_per_bucket(streams: Sequence[Stream]) -> dict[int, float]:
+    """Each bucket's warm-up run time over a tower's streams (the slowest: the one batches may meet)."""
+    seconds: dict[int, float] = {}
+    for stream in streams:
+        for bucket, elapsed in stream.bucket_seconds.items():
+            seconds[bucket] = max(elapsed, seconds.get(bucket, 0.0))
+    return seconds
+
+
+def create_encoder(
+    settings: RuntimeSettings, observer: EncoderObserver | None = None, core_gate: CoreGate | None = None
+) -> Encoder:
     """The encoder the settings ask for: local ONNX Runtime, or a remote Triton server
-    (`CNCLIP_ENCODER=triton://host:port`). Call `await start()`."""
+    (`CNCLIP_ENCODER=triton://host:port`). Call `await start()`. A local one computes within
+    `core_gate` (one per process: pass the same to every model's encoder)."""
     if settings.encoder != "local":
         from retrieval.remote import TritonEncoder  # imports tritonclient/aiohttp only when asked for
 
         return TritonEncoder(settings, observer=observer)
-    return LocalEncoder(settings, observer=observer)
+    return LocalEncoder(settings, observer=observer, core_gate=core_gate)

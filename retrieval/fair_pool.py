@@ -15,6 +15,10 @@ worker at least once in every round of the requests in progress. A request that 
 images is refused) or whose caller is cancelled (the client went away) drops the images it has not
 started: only the ones already being decoded, at most one per worker, still run. Every future is
 resolved: with the result, the image's own error, or `EncoderUnavailable` when the pool closes.
+
+With a `gate` (retrieval/machine_limits.py `CoreGate`, the encoder's) each item holds one core
+permit while it runs: decoding and the inference sessions together never run more threads than
+cores, and the decodes fill the cores a batch leaves free (issue 34).
 """
 
 from __future__ import annotations
@@ -24,10 +28,12 @@ import threading
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from retrieval.errors import EncoderUnavailable
+from retrieval.machine_limits import CoreGate
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -61,10 +67,11 @@ class FairPool:
     `started` (tests, benchmarks) records the `label` of each item's request as a worker takes it,
     the last `history` of them: the order the pool actually served requests in."""
 
-    def __init__(self, workers: int, name: str = "preprocess", history: int = 0) -> None:
+    def __init__(self, workers: int, name: str = "preprocess", history: int = 0, gate: CoreGate | None = None) -> None:
         if workers < 1:
             raise ValueError(f"a pool needs at least one worker, got {workers}")
         self.workers = workers
+        self.gate = gate  # each item holds one of its permits while it runs (retrieval/machine_limits.py)
         self.started: deque[str] = deque(maxlen=history)
         self._cond = threading.Condition()
         self._fresh: deque[_Request] = deque()  # requests none of whose items has started yet
@@ -107,7 +114,8 @@ class FairPool:
             if not job.future.set_running_or_notify_cancel():
                 continue
             try:
-                result = job.fn(job.item)
+                with self.gate.hold(1) if self.gate is not None else nullcontext():
+                    result = job.fn(job.item)
             except BaseException as exc:  # handed to the awaiting request, never lost in this thread
                 job.future.set_exception(exc)
             else:

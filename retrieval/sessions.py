@@ -17,6 +17,7 @@ import os
 import time
 from collections.abc import Callable, Collection, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
 from pathlib import Path
 from typing import Protocol
 
@@ -25,6 +26,7 @@ import numpy as np
 from retrieval.backends import SessionConfig, engine_errors
 from retrieval.backends.onnxruntime import OrtSession
 from retrieval.errors import ModelError
+from retrieval.machine_limits import CoreGate
 from retrieval.manifest import ModelManifest
 
 log = logging.getLogger(__name__)
@@ -108,15 +110,44 @@ def dummy_batch(tower: str, bucket: int, image_size: int, context_length: int) -
     return np.zeros((bucket, 3, image_size, image_size), dtype=np.float32)
 
 
-class Stream:
-    """One inference lane: a bucketed session and the single thread that runs it."""
+_TIMING_ROUNDS = 5  # timed runs of each short bucket at warm-up; the fastest counts (a busy machine)
+_RETIME_BELOW_S = 0.25  # a bucket whose run takes longer is timed once
 
-    def __init__(self, index: int, session: BucketedSession, cores: Sequence[int] = (), pin: bool = False) -> None:
+
+def _timed_run(session: BucketedSession, batch: np.ndarray) -> float:
+    start = time.perf_counter()
+    session.run(batch)
+    return time.perf_counter() - start
+
+
+class Stream:
+    """One inference lane: a bucketed session and the single thread that runs it.
+
+    With a `gate` each run first holds `threads` of its permits (the session's intra-op threads):
+    the process's compute threads never outnumber its cores (retrieval/machine_limits.py); an
+    `urgent` stream's runs (text queries) go first in its line."""
+
+    def __init__(
+        self,
+        index: int,
+        session: BucketedSession,
+        cores: Sequence[int] = (),
+        pin: bool = False,
+        gate: CoreGate | None = None,
+        threads: int = 0,
+        urgent: bool = False,
+    ) -> None:
         self.index = index
         self.session = session
         self.cores = list(cores)
+        self.gate = gate
+        self.threads = threads
+        self.urgent = urgent
         self.batches = 0
         self.busy_seconds = 0.0
+        # Seconds of one run per batch bucket (text: at the full length), measured by `warm_up`:
+        # what the batcher weighs padding against (retrieval/batcher.py `choose_batch`).
+        self.bucket_seconds: dict[int, float] = {}
         initializer = self._pin_thread if pin and self.cores else None
         self.executor = ThreadPoolExecutor(
             max_workers=1, thread_name_prefix=f"{session.tower}-stream{index}", initializer=initializer
@@ -128,19 +159,26 @@ class Stream:
 
     def run_timed(self, batch: np.ndarray) -> tuple[np.ndarray, float]:
         """Run in this stream's thread (call through `executor`); returns output and seconds."""
-        start = time.perf_counter()
-        out = self.session.run(batch)
-        elapsed = time.perf_counter() - start
+        with self._hold_cores():
+            start = time.perf_counter()  # the run alone: waiting for the cores is not the graph's cost
+            out = self.session.run(batch)
+            elapsed = time.perf_counter() - start
         self.batches += 1
         self.busy_seconds += elapsed
         return out, elapsed
 
+    def _hold_cores(self) -> AbstractContextManager[None]:
+        if self.gate is None:
+            return nullcontext()
+        return self.gate.hold(self.threads, urgent=True) if self.urgent else self.gate.hold(self.threads)
+
     def warm_up(self, image_size: int, context_length: int) -> None:
-        """Run every graph once (on CANN this compiles each static model); fails loudly if one cannot run."""
+        """Run every graph once (on CANN the first run compiles each static model), then time the
+        batch buckets into `bucket_seconds`; fails loudly if a graph cannot run."""
         errors = engine_errors()
         for bucket, length in self.session.shapes:
-            start = time.perf_counter()
             name = f"{self.session.tower} bucket {bucket}" + (f" length {length}" if length else "")
+            start = time.perf_counter()
             try:
                 out = self.session.run(dummy_batch(self.session.tower, bucket, image_size, length or context_length))
             except errors as exc:
@@ -148,6 +186,21 @@ class Stream:
             if out.shape[0] != bucket:
                 raise ModelError(f"{name} returned {out.shape[0]} rows")
             log.debug("warmed %s in %.3fs", name, time.perf_counter() - start)
+        self._time_buckets(image_size, context_length)
+
+    def _time_buckets(self, image_size: int, context_length: int) -> None:
+        """Each batch bucket's run time at the full length (one yardstick for every text bucket): the
+        fastest of `_TIMING_ROUNDS` runs taken in turns over the buckets, so a load spike slows all
+        of them alike rather than one; a bucket whose run is long is timed once (long runs average
+        the noise out, and start-up stays short)."""
+        full = [bucket for bucket, length in self.session.shapes if length is None]
+        batches = {bucket: dummy_batch(self.session.tower, bucket, image_size, context_length) for bucket in full}
+        for round_ in range(_TIMING_ROUNDS):
+            for bucket, batch in batches.items():
+                if round_ and self.bucket_seconds[bucket] >= _RETIME_BELOW_S:
+                    continue
+                elapsed = _timed_run(self.session, batch)
+                self.bucket_seconds[bucket] = min(elapsed, self.bucket_seconds.get(bucket, elapsed))
 
     def close(self) -> None:
         self.executor.shutdown(wait=True)

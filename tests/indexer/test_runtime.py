@@ -13,7 +13,8 @@ import pytest
 
 from api.config import Settings
 from indexer.domain.records import NewImage
-from indexer.runtime import open_runtime
+from indexer.runtime import model_encoders, open_runtime
+from retrieval.encoder import LocalEncoder
 from retrieval.errors import EncoderUnavailable, ModelError
 from retrieval.fake import FakeEncoder
 from retrieval.preprocess import read_header
@@ -140,3 +141,11 @@ def test_an_engine_that_cannot_load_is_one_line_at_start(
         assert loads == ["tried"]
 
     asyncio.run(scenario())
+
+
+def test_the_encoders_of_several_models_share_one_core_gate(settings: Settings) -> None:
+    """Two models in one process (CNCLIP_MODEL_DIRS): their streams and decode workers together stay
+    within the cores, not each model within all of them."""
+    encoders = model_encoders(settings.model_copy(update={"model_dirs": [settings.model_dir]}))
+    assert len(encoders) == 2 and all(isinstance(e, LocalEncoder) for e in encoders)
+    assert encoders[0].core_gate is encoders[1].core_gate  # type: ignore[attr-defined]

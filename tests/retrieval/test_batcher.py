@@ -106,6 +106,52 @@ def test_choose_batch_without_bucket_one() -> None:
     assert choose_batch(2, [4, 8]) == (2, 4)
 
 
+# Seconds per run: batched graphs slower per row than batch 1 (shared, not prepacked, weights on a CPU
+# where that hurts), and graphs that batch well (prepacked): per row 1.0 at b1, 0.25 at b16.
+SLOW_BATCHES = {1: 1.0, 8: 9.0, 16: 18.0}
+FAST_BATCHES = {1: 1.0, 8: 2.4, 16: 4.0}
+
+
+@pytest.mark.parametrize(
+    ("available", "seconds", "want"),
+    [
+        (1, SLOW_BATCHES, (1, 1)),
+        (3, SLOW_BATCHES, (1, 1)),  # 3 rows padded to 8 cost 9 s; three runs of b1, 3 s
+        (4, SLOW_BATCHES, (1, 1)),
+        (8, SLOW_BATCHES, (1, 1)),  # even a full 8 is slower per row than b1 here
+        (1, FAST_BATCHES, (1, 1)),  # b8 padded for 1 row: 2.4 s against 1 s
+        (2, FAST_BATCHES, (1, 1)),  # 1.2 s a row padded to 8: b1 wins
+        (3, FAST_BATCHES, (3, 8)),  # 0.8 s a row padded to 8: padding pays
+        (9, FAST_BATCHES, (8, 8)),  # a full 8 at 0.3 s a row beats 16 padded for 9 (0.44)
+        (20, FAST_BATCHES, (16, 16)),
+    ],
+)
+def test_choose_batch_pads_only_where_the_bigger_graph_is_cheaper_per_row(
+    available: int, seconds: dict[int, float], want: tuple[int, int]
+) -> None:
+    assert choose_batch(available, sorted(seconds), seconds) == want
+
+
+def test_measured_bucket_times_keep_a_few_requests_off_a_slow_batch() -> None:
+    """3 requests waiting, buckets 1/4/8/...: with b4 measured slower per row than b1, they run as b1s
+    instead of one batch padded 3 → 4 (the rule of thumb's choice, test above)."""
+
+    async def scenario():
+        runs: list = []
+        seconds = {b: 2.0 * b for b in BUCKETS} | {1: 1.0}
+        pool = StreamPool([Stream(0, BucketedSession("text", {b: FakeSession(runs) for b in BUCKETS}))])
+        batcher = DynamicBatcher("text", pool, BUCKETS, 0.02, 256, bucket_seconds=seconds)
+        batcher.start()
+        results = await asyncio.gather(*(batcher.submit(rows(v)) for v in (1.0, 2.0, 3.0)))
+        await batcher.close()
+        return runs, results
+
+    runs, results = asyncio.run(scenario())
+    assert [r[0] for r in runs] == [1, 1, 1]
+    for value, result in zip((1.0, 2.0, 3.0), results, strict=True):
+        assert np.allclose(result, expected(value))
+
+
 def test_concurrent_requests_merge_and_padding_never_leaks() -> None:
     async def scenario():
         runs: list = []

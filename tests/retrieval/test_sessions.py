@@ -4,6 +4,8 @@ bucketed sessions over the toy model, and the stream pool."""
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +21,9 @@ from retrieval.backends.onnxruntime import (
     ort_session_options,
 )
 from retrieval.errors import EncoderUnavailable, ModelError
+from retrieval.machine_limits import CoreGate
 from retrieval.manifest import ModelManifest
-from retrieval.sessions import BucketedSession, Stream, StreamPool, dummy_batch
+from retrieval.sessions import BucketedSession, ModelSession, Stream, StreamPool, dummy_batch
 
 CANN_BUILD = lambda: ["CANNExecutionProvider", "CPUExecutionProvider"]  # noqa: E731 - onnxruntime-cann
 CUDA_BUILD = lambda: ["CUDAExecutionProvider", "CPUExecutionProvider"]  # noqa: E731
@@ -176,7 +179,39 @@ def test_stream_counts_work_and_warms_every_bucket() -> None:
 
     stream = Stream(0, BucketedSession("image", {1: Recorder(), 4: Recorder()}))
     stream.warm_up(image_size=8, context_length=52)
-    assert runs == [(1, 3, 8, 8), (4, 3, 8, 8)]
+    # Each once, then timed in turns (5 rounds: each run is short).
+    assert runs == [(1, 3, 8, 8), (4, 3, 8, 8)] * 6
+    assert sorted(stream.bucket_seconds) == [1, 4] and all(s >= 0 for s in stream.bucket_seconds.values())
     stream.run_timed(np.zeros((4, 3, 8, 8), np.float32))
     assert stream.batches == 1 and stream.busy_seconds >= 0
+    stream.close()
+
+
+@pytest.mark.parametrize("urgent", [True, False])
+def test_a_streams_run_holds_its_threads_of_the_gate_and_a_text_stream_goes_first(urgent: bool) -> None:
+    gate = CoreGate(2, overtake_s=5.0)
+    order: list[str] = []
+    echo: dict[int, ModelSession] = {1: _Echo()}
+    stream = Stream(0, BucketedSession("text", echo), gate=gate, threads=2, urgent=urgent)
+    busy = gate.hold(2)
+    busy.__enter__()
+
+    def decode() -> None:
+        with gate.hold(1):
+            order.append("decode")
+
+    def run() -> None:
+        stream.run_timed(np.zeros((1, 52), np.int64))
+        order.append("stream")
+
+    waiting = [threading.Thread(target=decode), threading.Thread(target=run)]
+    for thread in waiting:
+        thread.start()
+        time.sleep(0.02)  # the decode is in line first
+    assert order == []  # the gate is busy: the stream's run waits for its 2 threads
+    busy.__exit__(None, None, None)
+    for thread in waiting:
+        thread.join(5)
+    assert order == (["stream", "decode"] if urgent else ["decode", "stream"])
+    assert gate.peak == 2 and stream.batches == 1
     stream.close()
