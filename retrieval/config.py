@@ -72,8 +72,9 @@ class RuntimeSettings(BaseSettings):
     )
     memory_budget_mb: Literal["auto"] | Annotated[int, Field(ge=0)] = Field(
         "auto",
-        description="Upper bound for the towers' weight copies in MB (shared copies once, each prepacked or "
-        "OpenVINO session once more); tuned prepacked sessions are dropped to fit. auto = one copy of each "
+        description="Upper bound for the towers' weight copies in MB (shared copies once, each prepacked "
+        "session once more, OpenVINO on the CPU once per stream); tuned prepacked sessions "
+        "are dropped to fit. auto = one copy of each "
         "tower + 400 MB (or the budget the tuning file was made with); 0 = no bound.",
     )
     device_id: int = Field(0, description="NPU/GPU device index.")

@@ -3,7 +3,8 @@
 the runtime, which has only the files, estimates from their size.)
 
 A tower's sessions either share one weight copy (ONNX Runtime on the CPU, prepacking off) or hold a
-copy each (a prepacked ONNX Runtime session, every OpenVINO compiled model). Nine prepacked copies of
+copy each (a prepacked ONNX Runtime session, an OpenVINO compiled model: on the CPU one per stream,
+which every bucket of the tower shares; elsewhere one per bucket). Nine prepacked copies of
 ViT-B-16 took `cnclip serve` from 384 MB to 1.44 GB for 1.1–1.4× speed on an AVX2 CPU (BENCHMARKS.md,
 issue 24), so the copies are bounded by default:
 

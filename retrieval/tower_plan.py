@@ -65,6 +65,8 @@ class TowerPlan:
                 "one copy per tower and precision, mapped from its data file (prepacking and per-session arenas off)"
                 + own
             )
+        if self.backend.shapes_share_a_copy(self.device.name):
+            return f"one compiled copy per stream that every bucket shares ({self.backend.name} {self.device.name})"
         if not self.backend.shares_weights(self.device.name):
             return f"not shared on {self.backend.name} {self.device.name}: each session keeps its own copy"
         return "not shared (CNCLIP_SHARE_WEIGHTS=false): each bucket session has its own prepacked copy"
@@ -220,8 +222,14 @@ def weight_bytes(manifest: ModelManifest, tower: str, graph: str, precision: str
 
 
 def plan_bytes(plan: TowerPlan, shapes: int, copy_bytes: int) -> int:
-    """Weight bytes a tower's plan holds: the shared copy once, each session with its own copy once."""
-    own = len(plan.prepack) if plan.share else shapes
+    """Weight bytes a tower's plan holds: the shared copy once, each session with its own copy once
+    (where the backend's shapes hold one copy together: once per stream)."""
+    if plan.share:
+        own = len(plan.prepack)
+    elif plan.backend.shapes_share_a_copy(plan.device.name):
+        own = 1
+    else:
+        own = shapes
     return (copy_bytes if plan.share else 0) + plan.streams * own * copy_bytes
 
 

@@ -62,6 +62,10 @@ class SessionConfig:
     weights: SharedWeights | None = field(default=None, compare=False, repr=False)
     backend: str = "onnxruntime"
     run_precision: str | None = None
+    # What a backend compiles once for this stream and shares among its shapes (OpenVINO: one
+    # shape-dynamic model per tower, retrieval/backends/openvino.py). Not an argument: every
+    # config — one per stream — starts with its own, so streams never share a compiled model.
+    stream_models: dict[Any, Any] = field(default_factory=dict, init=False, compare=False, repr=False)
 
     def unshared(self) -> SessionConfig:
         """The same configuration, with the session loading (and prepacking) its own copy of the weights."""
@@ -100,6 +104,9 @@ class Backend:
     - `host_device`: the device that is always there, the host CPU (the quality gate's reference runs on it);
     - `triton_kind(device)`: Triton's instance kind for a device (`KIND_CPU`, `KIND_GPU`; `KIND_MODEL`
       where Triton has none), for the `/v2` model configuration.
+    - `shapes_share_a_copy(device)`: whether a stream's sessions of one tower (every batch bucket and
+      text length) hold one copy together (OpenVINO's CPU: one shape-dynamic compiled model), so the
+      memory budget counts one copy per stream instead of one per shape.
     """
 
     name: str
@@ -117,6 +124,7 @@ class Backend:
     devices: tuple[str, ...]
     host_device: str
     triton_kind: Callable[[str], str]
+    shapes_share_a_copy: Callable[[str], bool] = lambda device: False
 
 
 def cpu_thread_plan(streams: int, threads_per_stream: int, cores: int | None = None) -> list[list[int]]:

@@ -2,9 +2,13 @@
 
 OpenVINO reads the model directory's ONNX graphs directly (external weight files included), so a
 model needs no second format; its calibrated static int8 graphs (`int8-qdq`, NNCF, written by
-`cnclip convert --precision int8-qdq`) are ONNX too. Each bucket graph is compiled on its own: a
-compiled model re-lays its weights out for its kernels, so OpenVINO's sessions never share one copy
-(the memory budget counts each of them).
+`cnclip convert --precision int8-qdq`) are ONNX too. A compiled model re-lays its weights out for
+its kernels, so compiled per bucket every shape held its own copy (six text shapes of ViT-B-16 int8:
+1,785 MB, issue 34). On the CPU a stream's bucket graphs of a tower are therefore compiled once, as
+one model with a bounded dynamic batch and text length (retrieval/backends/openvino_batch.py), and
+each bucket session drives its own infer request on it: one copy per stream and tower. Compiling
+waits for the first run, when the stream has opened all of its shapes; graphs that are not one graph
+are compiled per text length, else per bucket, as before, with one log line.
 
 OpenVINO picks its own inference precision: on a CPU with AVX512_BF16 or AMX it runs an fp32 graph
 in bf16 unless told otherwise. So every session sets INFERENCE_PRECISION_HINT itself — f32 for
@@ -17,6 +21,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from retrieval.backends.base import Backend, Detection, DeviceChoice, SessionConfig
+from retrieval.backends.openvino_batch import NotBatchLinear, dynamic_model
 from retrieval.backends.ort_providers import KIND_MODEL
 from retrieval.errors import EncoderUnavailable, ModelError
 
@@ -127,28 +133,148 @@ def compile_properties(config: SessionConfig) -> dict[str, Any]:
     return properties
 
 
+class StreamGraphs:
+    """The graphs one stream opened for one tower, and the compiled models that serve them.
+
+    Registered at open, compiled at the first run (by then the stream has opened every shape): on
+    the CPU the tower's graphs become one shape-dynamic compiled model (`dynamic_model`), else one
+    per text length; what cannot, a graph opened after that first run, or another device compiles
+    each graph on its own."""
+
+    def __init__(self, config: SessionConfig) -> None:
+        self.config = config
+        self.paths: list[Path] = []
+        self.compiled: dict[Path, Any] = {}
+        self._lock = threading.Lock()  # streams are single-threaded; this only guards a misuse
+
+    @classmethod
+    def of(cls, config: SessionConfig, path: Path, input_name: str) -> StreamGraphs:
+        return config.stream_models.setdefault(("openvino", path.parent, input_name), cls(config))  # type: ignore[no-any-return]
+
+    def add(self, path: Path) -> None:
+        if not path.is_file():
+            raise ModelError(f"OpenVINO cannot open {path}: no such graph file")
+        with self._lock:
+            self.paths.append(path)
+
+    def compiled_for(self, path: Path) -> Any:
+        with self._lock:
+            if path not in self.compiled:
+                self._compile([p for p in dict.fromkeys(self.paths) if p not in self.compiled])
+            return self.compiled[path]
+
+    def _compile(self, pending: list[Path]) -> None:
+        core = _core()
+        models = {p: _read(core, p) for p in pending}
+        shapes = {p: _static_shape(m) for p, m in models.items()}
+        alone = [p for p in pending if shapes[p] is None or list(shapes.values()).count(shapes[p]) > 1]
+        # Widest first: every graph of one input type and rank (text: all batches and lengths), then
+        # those that differ only in the batch (one per text length), then each graph on its own.
+        widest = _grouped(
+            [p for p in pending if p not in alone], lambda p: (_input_type(models[p]), len(shapes[p] or ()))
+        )
+        for group in widest:
+            if len(group) > 1 and _device_kind(self.config.provider) == HOST_DEVICE:
+                alone += self._compile_shared(core, group, models, shapes)
+            else:
+                alone += group
+        for path in alone:
+            self.compiled[path] = _compile(core, models[path], self.config, path)
+
+    def _compile_shared(
+        self, core: Any, group: list[Path], models: dict[Path, Any], shapes: dict[Path, Any]
+    ) -> list[Path]:
+        """Compile `group` as one model, else per shape bar the batch; returns the graphs left to compile alone."""
+        by_rest = _grouped(group, lambda p: shapes[p][1:])
+        for groups in [[group], by_rest] if len(by_rest) > 1 else [[group]]:
+            left: list[Path] = []
+            for part in groups:
+                if len(part) < 2:
+                    left += part
+                    continue
+                names = ", ".join(p.name for p in part)
+                try:
+                    rewrite = dynamic_model({shapes[p]: models[p] for p in part})
+                    compiled = _compile(core, rewrite.model, self.config, part[0])
+                except (NotBatchLinear, ModelError, RuntimeError) as exc:
+                    log.info("openvino: %s cannot share one compiled model (%s)", names, exc)
+                    models.update({p: _read(core, p) for p in part})  # untouched copies for what comes next
+                    left += part
+                    continue
+                if rewrite.recalibrated:
+                    log.info("openvino: %s were calibrated apart; all run the calibration of the %s graph (%d constants)",
+                             names, list(rewrite.base_shape), rewrite.recalibrated)  # fmt: skip
+                self.compiled.update(dict.fromkeys(part, compiled))
+            if len(left) < len(group):
+                return left
+        return group
+
+
+def _static_shape(model: Any) -> tuple[int, ...] | None:
+    shape = model.inputs[0].get_partial_shape()
+    return None if shape.is_dynamic else tuple(int(d) for d in shape.to_shape())
+
+
+def _input_type(model: Any) -> str:
+    return str(model.inputs[0].get_element_type().get_type_name())
+
+
+def _grouped(paths: list[Path], key: Any) -> list[list[Path]]:
+    groups: dict[Any, list[Path]] = {}
+    for path in paths:
+        groups.setdefault(key(path), []).append(path)
+    return list(groups.values())
+
+
+def _read(core: Any, path: Path) -> Any:
+    try:
+        return core.read_model(str(path))
+    except RuntimeError as exc:
+        raise ModelError(f"OpenVINO cannot read {path.name}: {exc}") from exc
+
+
+def _compile(core: Any, model: Any, config: SessionConfig, path: Path) -> Any:
+    try:
+        return core.compile_model(model, config.provider, compile_properties(config))
+    except RuntimeError as exc:
+        raise ModelError(f"OpenVINO cannot compile {path.name} for {config.provider}: {exc}") from exc
+
+
 class OpenVinoSession:
-    """A `ModelSession` over one compiled OpenVINO model and its infer request."""
+    """A `ModelSession` over one bucket graph: its own infer request on the stream's compiled model."""
 
     def __init__(self, path: Path, config: SessionConfig, input_name: str, output_name: str) -> None:
-        core = _core()
-        try:
-            compiled = core.compile_model(core.read_model(str(path)), config.provider, compile_properties(config))
-        except RuntimeError as exc:
-            raise ModelError(f"OpenVINO cannot compile {path.name} for {config.provider}: {exc}") from exc
-        self._compiled = compiled
-        self._request = compiled.create_infer_request()
+        self._graphs = StreamGraphs.of(config, path, input_name)
+        self._graphs.add(path)
+        self._path = path
+        self._run_precision = config.run_precision
+        self._request: Any = None
         self.input_name = input_name
         self.output_name = output_name
         self.providers = [f"OpenVINO {config.provider}"]
-        reported = compiled.get_property("INFERENCE_PRECISION_HINT").get_type_name()
+
+    @property
+    def compiled_model(self) -> Any:
+        """The compiled model this session's infer request runs on (shared by the stream's batch buckets)."""
+        return self._graphs.compiled_for(self._path)
+
+    def _ready(self) -> Any:
+        if self._request is None:
+            self._request = self.compiled_model.create_infer_request()
+        return self._request
+
+    @property
+    def engine_precision(self) -> str:
+        """What the compiled model reports computing in (compiles it if no run has yet)."""
+        reported = self.compiled_model.get_property("INFERENCE_PRECISION_HINT").get_type_name()
         # int8 graphs: the quantized matmuls run int8; the engine's hint is the precision of the rest.
-        self.engine_precision = f"int8 (rest {reported})" if config.run_precision == "int8" else reported
+        return f"int8 (rest {reported})" if self._run_precision == "int8" else str(reported)
 
     def run(self, batch: np.ndarray) -> np.ndarray:
-        self._request.infer({self.input_name: batch}, share_inputs=True)
+        request = self._ready()
+        request.infer({self.input_name: batch}, share_inputs=True)
         # The output tensor is the request's own buffer, reused by the next run: copy it out.
-        return np.array(self._request.get_tensor(self.output_name).data, dtype=np.float32, copy=True)
+        return np.array(request.get_tensor(self.output_name).data, dtype=np.float32, copy=True)
 
 
 OPENVINO = Backend(
@@ -159,6 +285,7 @@ OPENVINO = Backend(
     choose_device=choose_device,
     precisions=run_precisions,
     shares_weights=lambda device: False,
+    shapes_share_a_copy=lambda device: _device_kind(device) == HOST_DEVICE,
     uses_cpu_cores=lambda device: _device_kind(device) == HOST_DEVICE,
     open_session=OpenVinoSession,
     version=_version,

@@ -68,6 +68,7 @@ def test_int8_qdq_graphs_are_calibrated_static_int8(qdq_model: Path) -> None:
 def test_the_gate_ran_for_every_engine_and_precision_and_is_recorded(qdq_model: Path) -> None:
     record = ModelManifest.load(qdq_model).extra["gate"]
     assert record["min_cosine"] == gate.MIN_COSINE and record["min_top10_overlap"] == gate.MIN_TOP10
+    assert record["min_batch_cosine"] == gate.MIN_BATCH_COSINE
     keys = {(r["backend"], r["precision"], r["tower"]) for r in record["results"]}
     for tower in ("image", "text"):
         assert {("onnxruntime", "int8", tower), ("onnxruntime", "fp32", tower), ("openvino", "int8", tower)} <= keys
@@ -77,8 +78,15 @@ def test_the_gate_ran_for_every_engine_and_precision_and_is_recorded(qdq_model: 
         # and can only be lower (a tie counted as agreeing is never a disagreement counted as one).
         assert result["top10_agreement"] >= result["top10_overlap"]
         assert result["passed"] == (
-            result["min_cosine"] >= gate.MIN_COSINE and result["top10_agreement"] >= gate.MIN_TOP10
+            result["min_cosine"] >= gate.MIN_COSINE
+            and result["top10_agreement"] >= gate.MIN_TOP10
+            and result["batch_cosine"] >= gate.MIN_BATCH_COSINE
         )
+        # buckets 1 and 2: every result that ran compared batch 2 with batch 1 (fp32 does not move)
+        if result["shapes"]:
+            assert 0.99 < result["batch_cosine"] <= 1.0000001
+        if result["precision"] == "fp32":
+            assert result["batch_cosine"] >= 0.99999
 
 
 def test_openvino_int8_serves_within_the_gate_of_fp32(qdq_model: Path, settings: Settings, tmp_path: Path) -> None:
