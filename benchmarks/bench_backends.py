@@ -14,7 +14,10 @@ Configurations (the same graphs and weights, one stream on all cores):
 - **tuned** (with `--tuning FILE`, repeatable: `tuned FILE-STEM` each): what `cnclip serve` runs with
   that tuning file — per tower its backend and precision, per shape prepacked or shared — and a last
   column each: tuned ÷ the fastest configuration of the same case (issue 24 asks ≤ 1.10);
-- **PyTorch**: the best of `benchmarks/torch_baselines.py`'s four options (when the model has a torch twin).
+- **PyTorch**: the best of `benchmarks/torch_baselines.py`'s five options (when the model has a torch twin):
+  eager fp32 on 1 and on all cores, bf16 autocast, cn_clip's own model, dynamic int8; the "best PyTorch"
+  cell names the winner, and a second table gives every option per case with its lowest cosine against
+  eager fp32 on the gate's parity inputs (what dynamic int8 costs in answers).
 GEMM peaks (GOP/s, all cores): ONNX Runtime int8/fp32 (`benchmarks/peak.py`), and through OpenVINO
 fp32, bf16 and int8 (an NNCF-quantized GEMM) on the same shapes. Ratios are against *shipped*.
 `--rounds 1 --seconds 0.05 --no-torch --no-peak` is a smoke test (tests/retrieval/test_bench_backends.py).
@@ -40,7 +43,7 @@ from benchmarks.peak import LAYER_SHAPES, cpu_flags, graph_macs, matmul_graph, m
 from retrieval.backends import BACKENDS, DEFAULT_BACKEND, backend_named  # noqa: E402
 from retrieval.manifest import ModelManifest  # noqa: E402
 from retrieval.sessions import dummy_batch  # noqa: E402
-from retrieval.toolchain.gate import Candidate  # noqa: E402
+from retrieval.toolchain.gate import Candidate, parity_images, parity_texts  # noqa: E402
 from retrieval.toolchain.tune.tuner import Config, open_config, time_calls  # noqa: E402
 
 CASES = (("image", 1, None), ("image", 8, None), ("text", 1, 16), ("text", 1, 52), ("text", 16, 16))
@@ -126,17 +129,20 @@ def _openvino_default(manifest: ModelManifest, tower: str, graph: str, bucket: i
     return lambda batch: request.infer({0: batch})
 
 
-def torch_runner(manifest: ModelManifest, tower: str) -> tuple[str, Runner] | None:
-    """The fastest of the four PyTorch options is chosen per case after timing them all."""
+def torch_runner(manifest: ModelManifest, tower: str) -> list[tuple[str, Runner, float]] | None:
+    """(label, runner, min cosine vs eager fp32) of the five PyTorch options; the fastest is chosen per
+    case after timing them all. The cosine is on the gate's parity inputs (24 sentences, 8 pictures)."""
     try:
-        from benchmarks.torch_baselines import model_config, random_model, torch_baselines
+        from benchmarks.torch_baselines import cosines_vs_eager, model_config, random_model, torch_baselines
     except ImportError:
         return None
     config = model_config(manifest)
     if config is None:
         return None
-    model = random_model(config)
-    return [(b.label, b.run) for b in torch_baselines(model, tower, len(os.sched_getaffinity(0)))]  # type: ignore[return-value]
+    baselines = torch_baselines(random_model(config), tower, len(os.sched_getaffinity(0)))
+    x = parity_images(8, manifest.image_size) if tower == "image" else parity_texts(manifest.context_length)
+    cosine = cosines_vs_eager(baselines, x)
+    return [(b.label, b.run, cosine[b.key]) for b in baselines]
 
 
 def openvino_peaks(seconds: float) -> list[str]:
@@ -187,6 +193,7 @@ def main(argv: list[str] | None = None) -> str:
     manifest = ModelManifest.load(args.model)
     load_before = os.getloadavg()[0]
     runners: dict[tuple[str, str], Runner] = {}
+    torch_cosines: dict[tuple[str, str], float] = {}  # (tower, label) -> min cosine vs eager fp32
     configs = configurations(manifest)
     tuned = {_tuned_label(p, args.tuning): tuned_configurations(manifest, p) for p in args.tuning}
     for case in CASES:
@@ -195,8 +202,9 @@ def main(argv: list[str] | None = None) -> str:
             if runner is not None:
                 runners[case_label(*case), label] = runner
         if not args.no_torch and (options := torch_runner(manifest, case[0])):
-            for label, run in options:
+            for label, run, cosine in options:
                 runners[case_label(*case), f"PyTorch: {label}"] = run
+                torch_cosines[case[0], f"PyTorch: {label}"] = cosine
     samples: dict[tuple[str, str], list[float]] = {}
     for round_ in range(args.rounds):
         for case in CASES:
@@ -205,7 +213,7 @@ def main(argv: list[str] | None = None) -> str:
                 if name == case_label(*case):
                     samples.setdefault((name, label), []).append(time_calls(partial(run, batch), args.seconds))
         print(f"round {round_ + 1}/{args.rounds} done", file=sys.stderr, flush=True)
-    report = _report(args, manifest, samples, load_before)
+    report = _report(args, manifest, samples, load_before, torch_cosines)
     print(report)
     if args.out:
         args.out.write_text(report, encoding="utf-8")
@@ -213,7 +221,11 @@ def main(argv: list[str] | None = None) -> str:
 
 
 def _report(
-    args: argparse.Namespace, manifest: ModelManifest, samples: dict[tuple[str, str], list[float]], load_before: float
+    args: argparse.Namespace,
+    manifest: ModelManifest,
+    samples: dict[tuple[str, str], list[float]],
+    load_before: float,
+    torch_cosines: dict[tuple[str, str], float],
 ) -> str:
     labels = list(dict.fromkeys(label for _, label in samples if not label.startswith("PyTorch")))
     tuned = [_tuned_label(p, args.tuning) for p in args.tuning]
@@ -235,17 +247,19 @@ def _report(
                 torch = {lb: v for (n, lb), v in samples.items() if n == name and lb.startswith("PyTorch")}
                 label = min(torch, key=lambda lb: statistics.median(torch[lb])) if torch else None
             values = samples.get((name, label)) if label else None
-            if not values:
+            if not values or label is None:
                 cells.append("–")
                 continue
             med = statistics.median(values)
             ratio = f", {statistics.median(shipped) / med:.2f}×" if shipped else ""
-            cells.append(f"{med:.2f} ({min(values):.2f}–{max(values):.2f}){ratio}")
+            winner = f" {label.removeprefix('PyTorch: ')}" if label.startswith("PyTorch") else ""
+            cells.append(f"{med:.2f} ({min(values):.2f}–{max(values):.2f}){ratio}{winner}")
         medians = {lb: statistics.median(v) for (n, lb), v in samples.items() if n == name}
         fastest = min(medians, key=lambda lb: medians[lb]) if medians else ""
         for lb in tuned:
             cells.append(f"{medians[lb] / medians[fastest]:.2f} (fastest: {fastest})" if lb in medians else "–")
         lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    lines += _torch_table(samples, torch_cosines)
     if not args.no_peak:
         lines += [
             "",
@@ -254,6 +268,28 @@ def _report(
             *openvino_peaks(args.seconds / 4),
         ]
     return "\n".join(lines) + "\n"
+
+
+def _torch_table(samples: dict[tuple[str, str], list[float]], torch_cosines: dict[tuple[str, str], float]) -> list[str]:
+    """Every PyTorch option per case: ms per run, × shipped, and its lowest cosine against eager fp32."""
+    if not torch_cosines:
+        return []
+    lines = [
+        "",
+        "| case | PyTorch option | ms per run | × shipped | min cosine vs eager fp32 |",
+        "| --- | --- | --- | --- | --- |",
+    ]
+    for case in CASES:
+        name = case_label(*case)
+        shipped = samples.get((name, "shipped"))
+        for (tower, label), cosine in torch_cosines.items():
+            values = samples.get((name, label))
+            if tower != case[0] or not values:
+                continue
+            med = statistics.median(values)
+            ratio = f"{statistics.median(shipped) / med:.2f}×" if shipped else "–"
+            lines.append(f"| {name} | {label.removeprefix('PyTorch: ')} | {med:.2f} | {ratio} | {cosine:.5f} |")
+    return lines
 
 
 if __name__ == "__main__":

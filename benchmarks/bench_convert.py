@@ -5,8 +5,8 @@ this script rebuilds from the same seed):
 
     python benchmarks/bench_convert.py --model-dir /work/bench-models/vitb16-v1 --rounds 5 --json out.json
 
-Engines: the four PyTorch baselines of `benchmarks/torch_baselines.py` (eager fp32 on 1 and on
-`--threads` threads, bf16 autocast, cn_clip's own model; "best PyTorch" is the fastest, and every
+Engines: the five PyTorch baselines of `benchmarks/torch_baselines.py` (eager fp32 on 1 and on
+`--threads` threads, bf16 autocast, cn_clip's own model, dynamic int8; "best PyTorch" is the fastest, and every
 ratio is against it), ONNX Runtime fp32 and int8 graphs of the model directory, and int8
 experiments built here from its fp32 graph (`--experiments`): attention matmuls quantized too,
 per-tensor weights, ORT's transformer fusion before quantization, static QDQ.
@@ -134,7 +134,8 @@ def build_engines(
             engines: dict[str, Engine] = {}
             for baseline in torch_baselines(model, tower, args.threads, args.torch_baselines):
                 threads = 1 if baseline.key.endswith("-1t") else args.threads
-                engines[baseline.key] = Engine(baseline.label, baseline.run, "fp32", threads, macs, is_torch=True)
+                peak = "int8" if baseline.key == "dynamic-int8" else "fp32"
+                engines[baseline.key] = Engine(baseline.label, baseline.run, peak, threads, macs, is_torch=True)
             for precision, path in graphs.items():
                 if path is not None:
                     run = session_runner(path, args.threads)
@@ -203,7 +204,7 @@ def markdown_table(key: str, row: dict[str, dict], best_torch: str) -> list[str]
         percent = f"{r['percent_of_peak']:.1f} % of {r['peak']}" if r["percent_of_peak"] is not None else "–"
         lines.append(
             f"| {label} | {r['items_per_s']:.2f} | {r['min']:.2f}–{r['max']:.2f} | {r['vs_best_torch']:.2f}× "
-            f"| {percent} | {r['min_cosine']:.4f} |"
+            f"| {percent} | {r['min_cosine']:.5f} |"
         )
     return [*lines, ""]
 
@@ -239,7 +240,7 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.ArgumentParser, argpars
     parser.add_argument(
         "--torch-baselines",
         default="all",
-        help="comma-separated: eager-fp32-1t, eager-bf16, cnclip-fp32 (eager-fp32 always runs: the parity reference)",
+        help="comma-separated: eager-fp32-1t, eager-bf16, cnclip-fp32, dynamic-int8 (eager-fp32 always runs: the reference)",
     )
     parser.add_argument("--towers", default="image,text", help="image, text or both (the overlap needs both)")
     parser.add_argument("--text-length", type=int, help="text tokens (default: the model's context length)")

@@ -6,8 +6,8 @@ In one run, side by side:
 1. tokenizer: distinct short queries/s on one core, ours vs cn_clip's FullTokenizer;
 2. baselines, batch 1, one client, no batcher: ONNX Runtime fp32 straight on the bucket-1 graph
    and, when torch is importable and the model has a torch twin (a released architecture, or the
-   config `cnclip convert` stored), the four PyTorch baselines of `benchmarks/torch_baselines.py`
-   (eager fp32 on 1 and on all cores, bf16 autocast, cn_clip's own model; random weights). Ratios
+   config `cnclip convert` stored), the five PyTorch baselines of `benchmarks/torch_baselines.py`
+   (eager fp32 on 1 and on all cores, bf16 autocast, cn_clip's own model, dynamic int8; random weights). Ratios
    are against the best of them per tower ("best PyTorch");
 3. `cnclip bench encoders`' sweep (retrieval/toolchain/bench.py): text and image, concurrency 1–16,
    1 stream with the batcher on and off, 2 streams with it on, with a "% of peak" column: the

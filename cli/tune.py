@@ -11,6 +11,31 @@ from cli.bench import ints
 from cli.errors import fail
 from cli.output_paths import check_output_file
 
+Rounds = Annotated[
+    int,
+    typer.Option(
+        min=2, max=100, help="Passes over every configuration (one open at a time, order alternating); medians."
+    ),
+]
+Seconds = Annotated[
+    float, typer.Option(min=0.0, help="Seconds per configuration, shape and pass (longer while calls vary).")
+]
+ValidateSeconds = Annotated[
+    float,
+    typer.Option(
+        min=0.0,
+        help="Seconds per tower, concurrency (1, 8) and pass to check the choice against the defaults "
+        "through the encoder serve runs (in-process); 0 skips the check.",
+    ),
+]
+AcceptNoise = Annotated[
+    bool,
+    typer.Option(
+        "--accept-noise",
+        help="Write the file trusted even when other work competed for the CPUs (warned all the same).",
+    ),
+]
+
 
 def tune(
     model: Annotated[Path, typer.Option("--model", help="Model directory with manifest.json.")],
@@ -18,8 +43,8 @@ def tune(
         Path | None,
         typer.Option(help="Where to write the tuning file (default MODEL/tuning.json); see CNCLIP_TUNING_FILE."),
     ] = None,
-    rounds: Annotated[int, typer.Option(min=1, max=100, help="Interleaved rounds; medians over them.")] = 3,
-    seconds: Annotated[float, typer.Option(min=0.0, help="Seconds per configuration, shape and round.")] = 0.5,
+    rounds: Rounds = 2,
+    seconds: Seconds = 0.5,
     time_limit: Annotated[
         float, typer.Option(min=1.0, help="Seconds for all measurements; fewer rounds or shorter cases past it.")
     ] = 900.0,
@@ -30,6 +55,8 @@ def tune(
         typer.Option(help="Bound for the weight copies: auto (one copy of each tower + 400 MB), MB, or 0 (none)."),
     ] = "auto",
     buckets: Annotated[str, typer.Option(help="Comma-separated batch buckets (default: all the model has).")] = "",
+    validate_seconds: ValidateSeconds = 2.0,
+    accept_noise: AcceptNoise = False,
 ) -> None:
     """Measure every usable backend × precision (that passes the quality gate) × prepacked/shared weights
     per tower and bucket on this machine; print the table; write the choice with the machine's fingerprint."""
@@ -56,6 +83,8 @@ def tune(
         objective=objective,
         memory_budget_mb=budget,
         buckets=ints(buckets) if buckets else (),
+        validate_seconds=validate_seconds,
+        accept_noise=accept_noise,
     )
     with Progress(console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("tuning", total=1)
@@ -64,7 +93,7 @@ def tune(
             bar.update(task, description=what[:70], completed=done, total=max(total, 1))
 
         try:
-            tune_and_write(model, out, options, progress, typer.echo)
+            tune_and_write(model, out, options, progress, typer.echo, lambda line: typer.echo(line, err=True))
         except CnclipError as exc:
             bar.stop()
             raise fail(exc) from exc

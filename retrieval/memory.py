@@ -40,3 +40,19 @@ def return_large_frees_to_os(threshold: int = MMAP_THRESHOLD_BYTES) -> bool:
     if not done:
         log.warning("could not set malloc's mmap threshold; large freed buffers may stay in the process")
     return done
+
+
+def trim_heap() -> bool:
+    """Hand the free pages of glibc's heaps back to the operating system (`malloc_trim(0)`): after a
+    set of sessions is closed, so the next one's resident growth is its own and not a reuse of the
+    last one's pages; True when glibc did so."""
+    name = ctypes.util.find_library("c")
+    if name is None:
+        return False
+    try:
+        malloc_trim = ctypes.CDLL(name).malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return False
+    malloc_trim.argtypes = (ctypes.c_size_t,)
+    malloc_trim.restype = ctypes.c_int
+    return bool(malloc_trim(0))

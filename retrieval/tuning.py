@@ -5,7 +5,8 @@ tower uses, which of its shapes get their own prepacked session, and how many st
 measurements and gate results the choice came from, and the machine's fingerprint (CPU model, the
 SIMD flags that pick kernels, cores this process may use, engine versions). The runtime uses it
 only when it was made for this model (its `model_id`) on a machine with the same fingerprint;
-otherwise it logs one line suggesting `cnclip tune` and runs the safe defaults (today's: ONNX
+otherwise — or when the file is marked untrusted (`trusted: false`: measured while other work
+competed for the CPUs) — it logs one line suggesting `cnclip tune` and runs the safe defaults (today's: ONNX
 Runtime, int8 on CPU where the model has it, one shared weight copy per tower).
 
 The file is read as hostile input: a regular file (a FIFO or a device is refused unopened or
@@ -143,6 +144,33 @@ class Measurement(_Strict):
     ms_max: float = Field(ge=0)
 
 
+class ValidationPoint(_Strict):
+    """One tower at one concurrency, the choice against the defaults, through the encoder `serve` runs
+    (in-process, not over HTTP): items/s, the medians of interleaved passes."""
+
+    tower: Literal["image", "text"]
+    concurrency: int = Field(ge=1, le=1024)
+    tuned_items_s: float = Field(ge=0)
+    default_items_s: float = Field(ge=0)
+
+
+class TuneReport(_Strict):
+    """How the tuning run went: its memory peak and duration, the load beside it, the validation."""
+
+    seconds: float = Field(ge=0)
+    peak_rss_mb: float = Field(ge=0)  # the whole run's peak resident memory (the quality gate included)
+    measure_peak_rss_mb: float = Field(0, ge=0)  # the peak while measuring: ≤ base + largest configuration
+    validate_peak_rss_mb: float = Field(0, ge=0)  # the peak while validating (one encoder open at a time)
+    base_rss_mb: float = Field(0, ge=0)  # resident between configurations (all closed), at its highest
+    largest_candidate_mb: float = Field(0, ge=0)  # the most one configuration added while it opened and ran
+    measurements: int = Field(1, ge=0, le=100)  # 2: measured again because other work competed
+    other_cpu_cores: float = Field(0, ge=0)  # other processes' CPU on our cores while measuring (cores)
+    load_average: float = Field(0, ge=0)  # the 1-minute load average at the start
+    noisy_cases: int = Field(0, ge=0)  # cases whose spread stayed above the bound
+    validation: list[ValidationPoint] = Field(default_factory=list, max_length=64)
+    kept_defaults: list[Literal["image", "text"]] = Field(default_factory=list, max_length=2)
+
+
 class TuningFile(_Strict):
     format: Literal[1]
     model_id: str = Field(max_length=300)
@@ -153,6 +181,11 @@ class TuningFile(_Strict):
     towers: dict[Literal["image", "text"], TowerChoice]
     gate: list[dict[str, Any]] = Field(default_factory=list, max_length=1024)
     measurements: list[Measurement] = Field(default_factory=list, max_length=100_000)
+    # Made while other work competed for the CPUs (and still so when measured again): `serve` ignores
+    # it. A file without the field (written before it existed) is trusted.
+    trusted: bool = True
+    untrusted_reason: str | None = Field(None, max_length=500, pattern=r"^[^\r\n]*$")  # one log line
+    report: TuneReport | None = None
 
     def summary(self) -> str:
         parts = []
@@ -211,6 +244,9 @@ def read_tuning(path: Path, model_id: str, model_dir: Path, current: dict[str, A
     except (ValueError, UnicodeDecodeError, ValidationError) as exc:
         reason = _first_error(exc)
         return TuningOutcome(None, f"tuning file {path} refused ({reason}): {defaults}; {_suggest(model_dir)}", path)
+    if not tuning.trusted:
+        why = f"it is marked untrusted ({tuning.untrusted_reason or 'measured while other work competed'})"
+        return TuningOutcome(None, f"tuning file {path} not used: {why}; {defaults}; {_suggest(model_dir)}", path)
     if tuning.model_id != model_id:
         why = f"it was made for model {tuning.model_id}, this is {model_id}"
         return TuningOutcome(None, f"tuning file {path} not used: {why}; {defaults}; {_suggest(model_dir)}", path)

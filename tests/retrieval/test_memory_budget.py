@@ -133,7 +133,7 @@ manifest = ModelManifest.load(Path(sys.argv[1]))
 found, _ = candidates(manifest, ["onnxruntime"])
 heavy = SimpleNamespace(name="heavy", shares_weights=lambda device: False, open_session=Heavy)
 found["text"].append(Candidate(heavy, "cpu", "fp32", "fp32"))
-_, memory = measure(manifest, found, TuneOptions(rounds=1, seconds=0.01), lambda *_: None)
+memory = measure(manifest, found, TuneOptions(rounds=1, seconds=0.01), lambda *_: None).memory
 print(json.dumps({f"{tower} {label}": mb for (tower, label), mb in memory.items()}))
 """
 

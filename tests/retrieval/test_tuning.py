@@ -38,7 +38,10 @@ def tuned_model(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     model = tmp_path_factory.mktemp("tuned") / "model"
     write_toy_model(model, buckets=(1, 4), text_lengths=(16,))
     result = CliRunner().invoke(
-        build_cli(), ["tune", "--model", str(model), "--rounds", "2", "--seconds", "0.02"], catch_exceptions=False
+        build_cli(),
+        # --accept-noise: what these tests check (the file, its use) holds on a busy test machine too.
+        ["tune", "--model", str(model), "--seconds", "0.02", "--validate-seconds", "0.1", "--accept-noise"],
+        catch_exceptions=False,
     )
     return model, result
 
@@ -249,21 +252,29 @@ def test_the_memory_budget_drops_prepacked_shapes_then_refuses(
         start(settings.model_copy(update={"tuning_file": path, "memory_budget_mb": 1}))
 
 
-def test_latency_prepacks_only_batch_one_shapes_throughput_every_shape_that_gains() -> None:
+def test_latency_prepacks_batched_shapes_only_at_a_larger_gain_throughput_every_shape_that_gains() -> None:
     from types import SimpleNamespace
 
     from retrieval.toolchain.gate import Candidate
-    from retrieval.toolchain.tune.tuner import shape_choices
+    from retrieval.toolchain.tune.tuner import BATCHED_PREPACK_GAIN, PREPACK_GAIN, shape_choices
     from retrieval.tuning import Shape
 
     ort = Candidate(SimpleNamespace(name="onnxruntime"), "cpu", "int8", "int8")
-    shapes: list[Shape] = [(1, 16), (8, 16), (16, 16)]
-    gains: dict[Shape, float] = {(1, 16): 1.8, (8, 16): 1.3, (16, 16): 1.01}  # shared ms ÷ prepacked ms
+    gains: dict[Shape, float] = {  # shared ms ÷ prepacked ms
+        (1, 16): PREPACK_GAIN + 0.01,  # batch 1: the small gain is enough for both objectives
+        (8, 16): BATCHED_PREPACK_GAIN + 0.01,  # batched, a large gain (issue 34's 1.3–3.9×): latency too
+        (16, 16): BATCHED_PREPACK_GAIN - 0.05,  # batched, a smaller gain: throughput only
+        (4, 16): PREPACK_GAIN - 0.02,  # too small for either
+    }
     samples: dict[tuple[str, Shape, str], list[float]] = {}
     for shape, gain in gains.items():
         samples["text", shape, f"{ort.label} shared"] = [10.0 * gain] * 3
         samples["text", shape, f"{ort.label} prepacked"] = [10.0] * 3
-    for objective, packed in (("latency", {(1, 16)}), ("throughput", {(1, 16), (8, 16)})):
-        chosen = shape_choices("text", ort, samples, shapes, objective)
+    for objective, packed in (
+        ("latency", {(1, 16), (8, 16)}),
+        ("throughput", {(1, 16), (8, 16), (16, 16)}),
+    ):
+        chosen = shape_choices("text", ort, samples, list(gains), objective)
         assert {s for s, c in chosen.items() if c.prepack} == packed, objective
-        assert chosen[8, 16].prepack_gain == 1.3 and chosen[8, 16].ms == 10.0  # measured either way
+        assert chosen[16, 16].prepack_gain == round(BATCHED_PREPACK_GAIN - 0.05, 3)  # measured either way
+        assert chosen[16, 16].ms == 10.0

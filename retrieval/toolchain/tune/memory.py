@@ -1,8 +1,9 @@
 """The tuner's choice within the memory budget (retrieval/memory_budget.py), from memory it measured.
 
 What a configuration costs is measured, not guessed from file sizes: the process's resident memory
-grows by so much while its sessions open and run once (`rss_mb`; the tuner opens every configuration
-in turn and keeps it open, so each growth is that configuration's own). On an AMX Xeon three OpenVINO
+grows by so much while its sessions open and run once (`rss_mb`; the tuner opens one configuration
+at a time and closes it, freed pages trimmed back to the system, before the next opens, so each
+growth is that configuration's own and the tuner's peak is its base plus the largest one). On an AMX Xeon three OpenVINO
 bf16 ViT-B-16 image sessions took ~2.1 GB against a 329 MB fp32 weight file, where the weight files
 suggested ~0.5 GB (BENCHMARKS.md, issue 24).
 
@@ -34,6 +35,32 @@ def rss_mb() -> float:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
     except (OSError, ValueError, IndexError):
         return 0.0
+
+
+def _status_mb(field: str) -> float:
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024  # kB
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0.0
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory in MB since it started or `reset_peak_rss` (VmHWM)."""
+    return _status_mb("VmHWM")
+
+
+def reset_peak_rss() -> bool:
+    """Start the peak (VmHWM) again from the current resident memory (Linux: clear_refs 5)."""
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from retrieval.backends import DEFAULT_BACKEND as ONNXRUNTIME  # the shipped default: the table's baseline
 from retrieval.toolchain.tune.tuner import Progress, TuneOptions, TuneResult, run_tune
-from retrieval.tuning import TUNING_NAME, write_tuning
+from retrieval.tuning import TUNING_NAME, TuningFile, write_tuning
 
 
 def table(result: TuneResult) -> list[str]:
@@ -48,14 +48,56 @@ def choice_lines(result: TuneResult) -> list[str]:
     lines = [f"gate: {r.line()}" for r in result.gate]
     lines += [f"skipped: {reason}" for reason in result.skipped]
     lines.append(f"chosen: {result.tuning.summary()}")
+    return lines + report_lines(result.tuning)
+
+
+def report_lines(tuning: TuningFile) -> list[str]:
+    """The run's report in words: memory peak, duration, load, the validation, and whether the file
+    can be trusted."""
+    r = tuning.report
+    if r is None:
+        return []
+    again = ", measured twice" if r.measurements > 1 else ""
+    validating = f", validating {r.validate_peak_rss_mb:.0f} MB" if r.validate_peak_rss_mb else ""
+    lines = [
+        f"took {r.seconds:.0f} s{again}; peak memory {r.peak_rss_mb:.0f} MB (quality gate included); measuring "
+        f"{r.measure_peak_rss_mb:.0f} MB, one configuration open at a time (between them {r.base_rss_mb:.0f} MB, "
+        f"the largest added {r.largest_candidate_mb:.0f} MB){validating}",
+        f"load: other processes used {r.other_cpu_cores:.2f} cores while it measured; load average "
+        f"{r.load_average:.1f} at the start; {r.noisy_cases} noisy case(s)",
+    ]
+    for p in r.validation:
+        ratio = p.tuned_items_s / p.default_items_s if p.default_items_s else 0.0
+        lines.append(
+            f"validated in-process (the encoder serve runs, not over HTTP): {p.tower} at concurrency "
+            f"{p.concurrency}: {p.tuned_items_s:.1f} items/s tuned, {p.default_items_s:.1f} default ({ratio:.2f}×)"
+        )
+    lines += [f"kept the defaults for {t}: the choice was not faster than them" for t in r.kept_defaults]
+    if not tuning.trusted:
+        lines.append(f"UNTRUSTED: {tuning.untrusted_reason}; serve ignores this file and runs the defaults")
     return lines
 
 
 def tune_and_write(
-    model_dir: Path, out: Path | None, options: TuneOptions, progress: Progress, echo: Callable[[str], None]
+    model_dir: Path,
+    out: Path | None,
+    options: TuneOptions,
+    progress: Progress,
+    echo: Callable[[str], None],
+    warn: Callable[[str], None] | None = None,
 ) -> Path:
-    """Measure, print the table and the choice through `echo`, write the tuning file atomically."""
-    result = run_tune(model_dir, options, progress)
+    """Measure, print the table and the choice through `echo` (warnings through `warn`), write the
+    tuning file atomically."""
+    say = warn if warn is not None else echo
+    result = run_tune(model_dir, options, progress, say)
+    if not result.tuning.trusted:
+        say(
+            f"warning: still noisy when measured again ({result.tuning.untrusted_reason}): the tuning file is "
+            "written marked untrusted, serve ignores it and runs the defaults; run `cnclip tune` again when "
+            "the machine is quiet (or pass --accept-noise on a host that never is)"
+        )
+    elif result.warnings and options.accept_noise:
+        say(f"warning: noisy ({result.warnings[0]}); written trusted all the same (--accept-noise)")
     for line in [*table(result), "", *choice_lines(result)]:
         echo(line)
     path = write_tuning(out if out is not None else Path(model_dir) / TUNING_NAME, result.tuning)

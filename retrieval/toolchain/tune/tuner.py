@@ -5,23 +5,25 @@
    the CPU computes it).
 2. **Gate**: each candidate against the fp32 graphs on the parity set (retrieval/toolchain/gate.py), on this
    machine; what fails is refused and not measured.
-3. **Measure**: per tower and shape (batch bucket × text length), each candidate with one shared
-   weight copy and with its own prepacked copy (where the backend can share at all), one stream on
-   all cores, in interleaved rounds (every configuration once per round, so a slow minute hits
-   all alike); the median of the rounds, with min/max.
+3. **Measure** (retrieval/toolchain/tune/measure.py): per tower and shape (batch bucket × text
+   length), each candidate with one shared weight copy and with its own prepacked copy (where the
+   backend can share at all), one stream on all cores; one configuration open at a time, in passes
+   of alternating order; calls per case until their spread settles (retrieval/toolchain/tune/noise.py).
+   When other work competes for the cores or the cases stay noisy: one warning, measured again
+   once, and if still so the file is written marked untrusted (`serve` ignores it).
 4. **Choose**: per tower one backend and precision (so a vector never depends on the batch it ran
    in), the one whose per-shape times are closest to each shape's fastest (geometric mean of the
-   ratios); per shape prepacked where that is at least `PREPACK_GAIN` faster (for `latency` at
-   batch 1 only: see `shape_choices`), within the memory budget (retrieval/toolchain/tune/memory.py: the
-   least gain dropped first). Streams: 1 (latency, a search service) unless
-   `--objective throughput`, which measures N streams × 1 thread against 1 × N.
+   ratios); per shape prepacked where that gains enough (`shape_choices`), within the memory budget
+   (retrieval/toolchain/tune/memory.py: the least gain dropped first). Streams: 1 (latency, a search
+   service) unless `--objective throughput`, which measures N streams × 1 thread against 1 × N.
+5. **Validate** (retrieval/toolchain/tune/validate.py): the choice against the defaults through the
+   encoder `serve` builds (in-process, concurrency 1 and 8, interleaved); a tower whose choice is not
+   faster keeps the defaults. The report (peak memory, duration, load, validation) goes in the file.
 """
 
 from __future__ import annotations
 
-import gc
 import math
-import os
 import statistics
 import threading
 import time
@@ -32,17 +34,30 @@ from pathlib import Path
 
 import numpy as np
 
-from retrieval.backends import BACKENDS, SessionConfig, backend_named
+from retrieval.backends import BACKENDS, backend_named
 from retrieval.backends.onnxruntime import ONNXRUNTIME
 from retrieval.errors import InvalidInput, ModelError
 from retrieval.manifest import ModelManifest
 from retrieval.memory import return_large_frees_to_os
-from retrieval.memory_budget import BudgetSetting, resolve_budget
+from retrieval.memory_budget import Budget, resolve_budget
 from retrieval.recorded_gate import recorded_failures
 from retrieval.sessions import dummy_batch
-from retrieval.shared_weights import SharedWeights
-from retrieval.toolchain.gate import Candidate, GateResult, run_gate, tower_shapes
-from retrieval.toolchain.tune.memory import TowerMemory, fit_prepacks, fit_towers, rss_mb
+from retrieval.toolchain.gate import Candidate, GateResult, run_gate
+from retrieval.toolchain.tune.measure import (
+    Config,
+    Measured,
+    Progress,
+    TuneOptions,
+    describe,
+    least_mode,
+    measure,
+    open_config,
+    shapes_of,
+    time_calls,
+)
+from retrieval.toolchain.tune.memory import TowerMemory, fit_prepacks, fit_towers, peak_rss_mb, reset_peak_rss
+from retrieval.toolchain.tune.noise import load_average, noise_reason, others_now
+from retrieval.toolchain.tune.validate import validate
 from retrieval.tower_plan import weight_bytes
 from retrieval.tuning import (
     Fingerprint,
@@ -50,39 +65,20 @@ from retrieval.tuning import (
     Shape,
     ShapeChoice,
     TowerChoice,
+    TuneReport,
     TuningFile,
+    ValidationPoint,
     machine_fingerprint,
     now_utc,
     shape_key,
 )
 from retrieval.types import TOWERS
 
+# Re-exported: the benchmarks time sessions the way the tuner does.
+__all__ = ["Config", "PREPACK_GAIN", "TuneOptions", "TuneResult", "measure", "open_config", "run_tune", "time_calls"]
+
 PREPACK_GAIN = 1.05  # a prepacked copy is kept only when it is at least this much faster
-Progress = Callable[[str, int, int], None]  # (what, done, total)
-
-
-@dataclass(frozen=True)
-class Config:
-    """One configuration measured: a candidate and how its sessions hold weights."""
-
-    candidate: Candidate
-    weights: str  # "shared" | "prepacked" | "own"
-
-    @property
-    def label(self) -> str:
-        return f"{self.candidate.label} {self.weights}"
-
-
-@dataclass
-class TuneOptions:
-    rounds: int = 3
-    seconds: float = 0.5  # per configuration, shape and round
-    time_limit: float = 900.0  # seconds for the measurements; rounds stop early past it
-    backends: Sequence[str] = ()  # empty: every usable backend
-    objective: str = "latency"
-    memory_budget_mb: BudgetSetting = "auto"
-    buckets: Sequence[int] = ()  # empty: every bucket the model has
-    cores: list[int] = field(default_factory=lambda: sorted(os.sched_getaffinity(0)))
+BATCHED_PREPACK_GAIN = 1.3  # `latency`: a batched shape's prepacked copy only at this gain (see shape_choices)
 
 
 @dataclass
@@ -90,7 +86,8 @@ class TuneResult:
     tuning: TuningFile
     gate: list[GateResult]
     skipped: list[str]  # backends not usable here, with the reason
-    samples: dict[tuple[str, Shape, str], list[float]]  # (tower, shape, config label) -> ms per round
+    samples: dict[tuple[str, Shape, str], list[float]]  # (tower, shape, config label) -> ms per pass
+    warnings: list[str] = field(default_factory=list)
 
 
 def candidates(manifest: ModelManifest, names: Sequence[str]) -> tuple[dict[str, list[Candidate]], list[str]]:
@@ -116,91 +113,7 @@ def candidates(manifest: ModelManifest, names: Sequence[str]) -> tuple[dict[str,
 
 
 def _candidate_shapes(manifest: ModelManifest, tower: str, buckets: Sequence[int], candidate: Candidate) -> list[Shape]:
-    return _shapes(manifest, tower, candidate.graph, buckets)
-
-
-def _shapes(manifest: ModelManifest, tower: str, graph: str, buckets: Sequence[int]) -> list[Shape]:
-    shapes = tower_shapes(manifest, tower, graph)
-    return [s for s in shapes if not buckets or s[0] in buckets]
-
-
-def open_config(manifest: ModelManifest, tower: str, config: Config, shapes: Sequence[Shape], cores: list[int]):  # type: ignore[no-untyped-def]
-    """One session per shape for a configuration (shared weights: one `SharedWeights` for all)."""
-    c = config.candidate
-    weights = SharedWeights(f"{tower}/{c.graph}") if config.weights == "shared" else None
-    session_config = SessionConfig(
-        provider=c.device,
-        precision=c.graph,
-        cores=cores,
-        weights=weights,
-        backend=c.backend.name,
-        run_precision=c.precision,
-    )
-    spec = manifest.towers[tower]
-    sessions = {}
-    for bucket, length in shapes:
-        path = manifest.graph_path(tower, c.graph, bucket, length)
-        sessions[bucket, length] = c.backend.open_session(path, session_config, spec.input_name, spec.output_name)
-    return sessions
-
-
-def time_calls(run: Callable[[], object], seconds: float) -> float:
-    """Median ms of one call, calling back to back for about `seconds` (at least 2 calls after one warm-up)."""
-    run()
-    times: list[float] = []
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end or len(times) < 2:
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times) * 1000
-
-
-def measure(
-    manifest: ModelManifest,
-    passed: dict[str, list[Candidate]],
-    options: TuneOptions,
-    progress: Progress,
-) -> tuple[dict[tuple[str, Shape, str], list[float]], dict[tuple[str, str], float]]:
-    """Interleaved rounds over every tower, configuration and shape: ms per round; and the MB each
-    configuration's sessions took (resident growth while they opened and ran once, all kept open)."""
-    plan: list[tuple[str, Config, Shape]] = []
-    opened = {}
-    memory: dict[tuple[str, str], float] = {}
-    for tower, options_ in passed.items():
-        for candidate in options_:
-            modes = ["shared", "prepacked"] if _least_mode(candidate) == "shared" else ["own"]
-            for mode in modes:
-                config = Config(candidate, mode)
-                shapes = _shapes(manifest, tower, candidate.graph, options.buckets)
-                progress(f"opening {tower} {config.label}", 0, 1)
-                gc.collect()  # earlier garbage freed now, not while this configuration is being charged
-                before = rss_mb()
-                opened[tower, config.label] = open_config(manifest, tower, config, shapes, options.cores)
-                for (bucket, length), session in opened[tower, config.label].items():
-                    session.run(dummy_batch(tower, bucket, manifest.image_size, length or manifest.context_length))
-                memory[tower, config.label] = max(0.0, rss_mb() - before)
-                plan += [(tower, config, s) for s in shapes]
-    samples: dict[tuple[str, Shape, str], list[float]] = {}
-    per_case = min(options.seconds, options.time_limit / max(1, len(plan) * options.rounds) / 2)
-    started, total = time.monotonic(), len(plan) * options.rounds
-    for round_ in range(options.rounds):
-        if round_ and time.monotonic() - started > options.time_limit:
-            break  # the time limit: the rounds done so far are the measurement
-        order = plan[round_ % max(1, len(plan)) :] + plan[: round_ % max(1, len(plan))]  # rotate the start
-        for done, (tower, config, shape) in enumerate(order):
-            session = opened[tower, config.label][shape]
-            batch = dummy_batch(tower, shape[0], manifest.image_size, shape[1] or manifest.context_length)
-            progress(
-                f"round {round_ + 1}/{options.rounds}: {tower} {shape_key(shape)} {config.label}",
-                round_ * len(plan) + done,
-                total,
-            )
-            samples.setdefault((tower, shape, config.label), []).append(
-                time_calls(partial(session.run, batch), per_case)
-            )
-    progress("measured", total, total)
-    return samples, memory
+    return shapes_of(manifest, tower, candidate.graph, buckets)
 
 
 def _median(values: list[float]) -> float:
@@ -243,19 +156,25 @@ def shape_choices(
     shapes: list[Shape],
     objective: str = "latency",
 ) -> dict[Shape, ShapeChoice]:
-    """Per shape of the chosen candidate: prepacked where that is at least PREPACK_GAIN faster — for
-    `latency` at batch 1 only. Batched shapes of a search service run when queries arrive together,
-    beside the batch-1 sessions, and there a prepacked b8 text session cost what it saved alone: on
-    the AMX Xeon, text at concurrency 8 over HTTP had p50 53 ms with b1, b1.l16 and b8.l16 prepacked,
-    22.5 ms with b1 and b1.l16 only (26 ms shipped), though b8.l16 alone ran 17.5 against 22.1 ms
-    (BENCHMARKS.md, issue 24). `throughput` (bulk indexing) prepacks every shape that gains."""
+    """Per shape of the chosen candidate: prepacked where that is at least PREPACK_GAIN faster; for
+    `latency`, a batched shape only where it is at least BATCHED_PREPACK_GAIN faster. Batched shapes
+    of a search service run when queries arrive together, beside the batch-1 sessions, and there a
+    small gain alone can turn into a loss: on the AMX Xeon, text at concurrency 8 over HTTP had p50
+    53 ms with b1, b1.l16 and b8.l16 prepacked, 22.5 ms with b1 and b1.l16 only (26 ms shipped),
+    though b8.l16 alone ran 17.5 against 22.1 ms, a 1.26× gain (BENCHMARKS.md, issue 24). On the
+    AVX-512 EPYC prepacked batched text gained 1.3–3.9× and leaving it shared made throughput fall as
+    concurrency rose (issue 34). So a batched shape is prepacked for `latency` from a 1.3× gain, and
+    the validation (validate.py: the encoder `serve` runs, concurrency 1 and 8, against the
+    defaults) is what catches a tower where it still loses. `throughput` (bulk indexing) prepacks
+    every shape that gains PREPACK_GAIN."""
     out: dict[Shape, ShapeChoice] = {}
     for s in shapes:
         shared = samples.get((tower, s, f"{winner.label} shared"))
         packed = samples.get((tower, s, f"{winner.label} prepacked"))
         if shared and packed:
             gain = _median(shared) / _median(packed)
-            keep = gain >= PREPACK_GAIN and (objective == "throughput" or s[0] == 1)
+            needed = PREPACK_GAIN if objective == "throughput" or s[0] == 1 else BATCHED_PREPACK_GAIN
+            keep = gain >= needed
             out[s] = ShapeChoice(
                 prepack=keep, ms=round(min(_median(shared), _median(packed)), 3), prepack_gain=round(gain, 3)
             )
@@ -292,11 +211,19 @@ def _run_until(session: object, batch: np.ndarray, end: float, counts: list[int]
         counts[index] += 1
 
 
-def run_tune(model_dir: Path, options: TuneOptions, progress: Progress = lambda *_: None) -> TuneResult:
-    """Gate, measure and choose (see the module docstring); the caller writes the file."""
+def run_tune(
+    model_dir: Path,
+    options: TuneOptions,
+    progress: Progress = lambda *_: None,
+    warn: Callable[[str], None] = lambda _: None,
+) -> TuneResult:
+    """Gate, measure (again once if noisy), choose, validate (see the module docstring); the caller
+    writes the file. `warn` gets the lines about other work competing."""
+    started = time.monotonic()
     manifest = ModelManifest.load(model_dir)
     if options.objective not in ("latency", "throughput"):
         raise InvalidInput("--objective must be latency or throughput")
+    load = load_average()  # before our own gate adds to it
     found, skipped = candidates(manifest, options.backends)
     progress("quality gate", 0, 1)
     reference = Candidate(ONNXRUNTIME, ONNXRUNTIME.host_device, "fp32", "fp32")
@@ -307,17 +234,60 @@ def run_tune(model_dir: Path, options: TuneOptions, progress: Progress = lambda 
         if not cs:
             raise ModelError(f"no backend and precision of the {tower} tower passed the quality gate here")
     return_large_frees_to_os()  # as `serve` does: freed run buffers are not charged as a session's memory
-    samples, memory = measure(manifest, passed, options, progress)
+    gate_peak = peak_rss_mb()  # measuring resets the peak per configuration (its own bound)
+    measured, reason, rounds = _measure_watched(manifest, passed, options, progress, warn, load)
+    warnings = [] if reason is None else [reason]
+    samples = measured.samples
+    choices, budget, notes = choose(manifest, passed, measured, options)
+    skipped.extend(notes)
+    trusted = reason is None or options.accept_noise
+    tuning = TuningFile(
+        format=1,
+        model_id=manifest.model_id,
+        created=now_utc(),
+        fingerprint=Fingerprint(**machine_fingerprint()),
+        objective=options.objective,  # type: ignore[arg-type]
+        memory_budget_mb=budget.mb,
+        towers=choices,  # type: ignore[arg-type]
+        gate=[r.to_json() for r in gate],
+        measurements=_measurements(samples, found),
+        trusted=trusted,
+        untrusted_reason=None if trusted else reason,
+    )
+    points: list[ValidationPoint] = []
+    kept: list[str] = []
+    chose_peak = peak_rss_mb()  # the last configuration measured, and the streams (throughput)
+    reset_peak_rss()  # from here: the validation's peak, one encoder open at a time
+    if trusted and options.validate_seconds > 0:  # an untrusted file is not used: nothing to validate
+        tuning, points, kept = validate(model_dir, manifest, tuning, options.validate_seconds, progress)
+    report = TuneReport(
+        seconds=round(time.monotonic() - started, 1),
+        peak_rss_mb=round(max(gate_peak, measured.peak_mb, chose_peak, peak_rss_mb()), 1),
+        validate_peak_rss_mb=round(peak_rss_mb() if points else 0.0, 1),
+        measurements=rounds,
+        load_average=round(load, 2),
+        validation=points,
+        kept_defaults=kept,  # type: ignore[arg-type]
+        **_measured_report(measured),
+    )
+    return TuneResult(tuning.model_copy(update={"report": report}), gate, skipped, samples, warnings)
+
+
+def choose(
+    manifest: ModelManifest, passed: dict[str, list[Candidate]], measured: Measured, options: TuneOptions
+) -> tuple[dict[str, TowerChoice], Budget, list[str]]:
+    """Per tower the candidate, its prepacked shapes and streams, within the memory budget; the
+    budget; notes on what gave way to it."""
+    samples, memory = measured.samples, measured.memory
     shapes_of = {t: partial(_candidate_shapes, manifest, t, options.buckets) for t in TOWERS}
     ranked = {t: rank_tower(t, passed[t], samples, shapes_of[t]) for t in TOWERS}
 
     def least_mb(tower: str, c: Candidate) -> float:
-        return memory[tower, f"{c.label} {_least_mode(c)}"]
+        return memory[tower, f"{c.label} {least_mode(c)}"]
 
     weights_mb = sum(weight_bytes(manifest, t, r[0][1].graph, r[0][1].precision) for t, r in ranked.items()) / 2**20
     budget = resolve_budget(options.memory_budget_mb, weights_mb)
     picked, notes = fit_towers(ranked, least_mb, budget)
-    skipped.extend(notes)
     winners = {t: (c, shape_choices(t, c, samples, shapes_of[t](c), options.objective)) for t, c in picked.items()}
     choices: dict[str, TowerChoice] = {}
     for tower, (winner, shapes) in winners.items():
@@ -336,27 +306,54 @@ def run_tune(model_dir: Path, options: TuneOptions, progress: Progress = lambda 
     choices = fit_prepacks(
         choices, {t: _tower_memory(t, c, memory, len(shapes_of[t](c))) for t, c in picked.items()}, budget
     )
-    tuning = TuningFile(
-        format=1,
-        model_id=manifest.model_id,
-        created=now_utc(),
-        fingerprint=Fingerprint(**machine_fingerprint()),
-        objective=options.objective,  # type: ignore[arg-type]
-        memory_budget_mb=budget.mb,
-        towers=choices,  # type: ignore[arg-type]
-        gate=[r.to_json() for r in gate],
-        measurements=_measurements(samples, found),
-    )
-    return TuneResult(tuning, gate, skipped, samples)
+    return choices, budget, notes
 
 
-def _least_mode(c: Candidate) -> str:
-    """How a candidate's sessions hold the fewest weight copies: one shared, or each its own."""
-    return "shared" if c.backend.shares_weights(c.device) else "own"
+def _measured_report(measured: Measured) -> dict[str, float]:
+    return {
+        "measure_peak_rss_mb": round(measured.peak_mb, 1),
+        "base_rss_mb": round(measured.base_mb, 1),
+        "largest_candidate_mb": round(measured.largest_mb, 1),
+        "other_cpu_cores": round(measured.other_cores, 2),
+        "noisy_cases": len(measured.noisy),
+    }
+
+
+def _measure_watched(
+    manifest: ModelManifest,
+    passed: dict[str, list[Candidate]],
+    options: TuneOptions,
+    progress: Progress,
+    warn: Callable[[str], None],
+    load: float,
+) -> tuple[Measured, str | None, int]:
+    """Measure with an eye on the load: when other work competed (before or meanwhile) or too many
+    cases stayed noisy, warn once and measure again; the reason when the second is noisy too."""
+    cores = len(options.cores)
+    reason, peak = None, 0.0
+    for attempt in (1, 2):
+        before = others_now(options.cores)  # a second with nothing of ours running: who else is busy?
+        measured = measure(manifest, passed, options, progress)
+        measured.peak_mb = peak = max(peak, measured.peak_mb)
+        other = max(before, measured.other_cores)
+        measured.other_cores = other
+        reason = noise_reason(other, len(measured.noisy), len(measured.samples), load, cores)
+        if reason is None:
+            return measured, None, attempt
+        if attempt == 2 or options.accept_noise:  # --accept-noise: a host never quiet, again would not help
+            return measured, reason, attempt
+        noisy = ", ".join(describe(c) for c in sorted(measured.noisy, key=str)[:3])
+        warn(
+            f"warning: other work competes for the CPUs ({reason}"
+            + (f"; e.g. {noisy}" if noisy else "")
+            + "): the times are not reliable; measuring again"
+        )
+        load = load_average()
+    return measured, reason, 2
 
 
 def _tower_memory(tower: str, c: Candidate, memory: dict[tuple[str, str], float], shapes: int) -> TowerMemory:
-    if _least_mode(c) == "own":
+    if least_mode(c) == "own":
         return TowerMemory(False, 0.0, memory[tower, f"{c.label} own"] / max(shapes, 1))
     prepacked = memory.get((tower, f"{c.label} prepacked"), 0.0)
     return TowerMemory(True, memory[tower, f"{c.label} shared"], prepacked / max(shapes, 1))
