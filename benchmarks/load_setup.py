@@ -11,10 +11,13 @@ import numpy as np
 from PIL import Image
 
 
-def random_jpeg(rng: random.Random, size: int = 160) -> bytes:
-    """A blocky random image: compresses like a photo (a few KB), distinct bytes every call."""
+def random_jpeg(rng: random.Random, size: int | tuple[int, int] = 160) -> bytes:
+    """A blocky random image, `size` square or (width, height): compresses like a photo (a few KB),
+    distinct bytes every call."""
     cells = np.frombuffer(rng.randbytes(8 * 8 * 3), dtype=np.uint8).reshape(8, 8, 3)
-    img = Image.fromarray(cells, "RGB").resize((size, size), Image.Resampling.BILINEAR)
+    img = Image.fromarray(cells, "RGB").resize(
+        size if isinstance(size, tuple) else (size, size), Image.Resampling.BILINEAR
+    )
     buf = io.BytesIO()
     img.save(buf, "JPEG", quality=85)
     return buf.getvalue()

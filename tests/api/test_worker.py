@@ -96,6 +96,24 @@ def test_worker_metrics_count_query_cache_hits_of_v2_text_requests(settings: Set
     assert 'cnclip_query_cache_hits_total{tower="text"} 1.0' in metrics
 
 
+def test_query_cache_size_0_sends_every_v2_text_request_to_the_model(settings: Settings) -> None:
+    # What a load test of /v2 relies on (benchmarks/bench_concurrency.py): a repeated input is not a cache hit.
+    from api.worker import create_worker_app
+    from retrieval.tokenizer import tokenize
+
+    settings = settings.model_copy(update={"buckets": [1, 4, 8], "query_cache_size": 0})
+    ids = tokenize(["一张猫的照片"])
+    body = {"inputs": [{"name": "text", "shape": list(ids.shape), "datatype": "INT64", "data": ids.ravel().tolist()}]}
+    # The worker's own encoder (not an injected one): its batches are counted in /metrics.
+    with TestClient(create_worker_app(settings)) as client:
+        answers = [client.post("/v2/models/cnclip_text/infer", json=body) for _ in range(3)]
+        metrics = client.get("/metrics").text
+    assert [a.status_code for a in answers] == [200, 200, 200]
+    assert 'cnclip_batch_size_count{tower="text"} 3.0' in metrics  # one batch per request: the model ran 3 times
+    assert 'cnclip_query_cache_hits_total{tower="text"} 0.0' in metrics
+    assert 'cnclip_query_cache_entries{tower="text"} 0.0' in metrics
+
+
 def test_split_deployment_survives_a_worker_restart_under_load(
     worker: CliServer, toy_model_dir: Path, tmp_path: Path
 ) -> None:
