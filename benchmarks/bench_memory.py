@@ -145,6 +145,8 @@ def run_serve(args: argparse.Namespace) -> None:
                 mode = f"tuned {tuning.stem}"
             else:
                 env["CNCLIP_PRECISION"] = args.precision
+                # dynamic: one shape-dynamic session per stream (the default); share / no-share: a session per bucket
+                env["CNCLIP_DYNAMIC_SHAPES"] = "true" if mode == "dynamic" else "false"
                 env["CNCLIP_SHARE_WEIGHTS"] = "true" if mode == "share" else "false"
                 env["CNCLIP_TUNING_FILE"] = str(Path(data_dir) / "none.json")  # no tuning file
             log_path = Path(data_dir) / "serve.log"
@@ -216,7 +218,9 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--precision", default="int8")
     s.add_argument("--buckets", default="1,4,8,16,32")
     s.add_argument(
-        "--modes", default="share,no-share", help="comma-separated: share, no-share, tuned=TUNING_FILE (in that order)"
+        "--modes",
+        default="dynamic,share,no-share",
+        help="comma-separated: dynamic, share, no-share, tuned=TUNING_FILE (in that order)",
     )
     s.add_argument("--json", help="also write the numbers here")
     lat = commands.add_parser("latency", help="per-run time of bucket sessions, shared vs own copy")

@@ -9,7 +9,9 @@ faster than smaller graphs would (issue 34: shared-weight batched graphs may be 
 than batch 1). Each bucket's time is measured once, at warm-up (fixed since: the same rows
 are cut the same way, so a request's int8 vectors do not drift with the load); without times (fakes)
 a rule of thumb on rows decides. Padding rows copy a real row and are dropped before
-anything is returned. Text requests come cut to their length bucket (see `retrieval/text_lengths.py`);
+anything is returned. Where every stream runs any batch size (ONNX Runtime's one shape-dynamic
+session per stream on the CPU, retrieval/backends/ort_batch.py), the rows waiting run as they are,
+up to the largest bucket: nothing is padded. Text requests come cut to their length bucket (see `retrieval/text_lengths.py`);
 a batch mixing lengths runs at its longest, the shorter rows zero-padded (padding is masked, so their
 vectors do not change).
 
@@ -120,6 +122,7 @@ class DynamicBatcher:
         merge_requests: bool = True,
         observer: EncoderObserver | None = None,
         bucket_seconds: Mapping[int, float] | None = None,
+        any_batch: int = 0,
     ) -> None:
         self.tower = tower
         self.pool = pool
@@ -129,12 +132,19 @@ class DynamicBatcher:
         self.merge_requests = merge_requests
         self.observer = observer
         self.bucket_seconds = dict(bucket_seconds or {})
+        # The streams run any batch size up to this unpadded (one shape-dynamic session each): cut
+        # every row waiting, up to it, and pad nothing. 0: bucket sizes, chosen by `choose_batch`.
+        self.any_batch = min(any_batch, self.buckets[-1]) if any_batch and self.buckets else 0
         self._queue: deque[_Request] = deque()
         self._queued_rows = 0
         self._arrived = asyncio.Event()
         self._dispatcher: asyncio.Task[None] | None = None
         self._running: set[asyncio.Task[None]] = set()
         self._closing = False
+        # Rows in circulation when the last batch ended (its own plus those waiting), and until when
+        # their callers' next requests are worth waiting for (`_wait_for_returning`).
+        self._expected_rows = 0
+        self._expected_until = 0.0
 
     # --- public ------------------------------------------------------------------------------
     @property
@@ -221,16 +231,33 @@ class DynamicBatcher:
             except TimeoutError:
                 return
 
+    async def _wait_for_returning(self) -> None:
+        """Right after a batch, until as many rows wait as were in circulation when it ended, or
+        `max_delay_s` after it ended. Callers in a closed loop (a client pool, a load tool, a UI
+        typing) send their next request a round trip after their answer: cutting at once ran the one
+        row that waited alone and every returning row a whole run later — at 8 callers, batches of
+        1 and 7 in turn (issue 34). Never longer than the delay; the next wait expects what came."""
+        if not self.merge_requests:
+            return
+        while self._live_rows() < self._expected_rows:
+            remaining = self._expected_until - time.perf_counter()
+            if remaining <= 0:
+                return
+            self._arrived.clear()
+            try:
+                await asyncio.wait_for(self._arrived.wait(), remaining)
+            except TimeoutError:
+                return
+
     def _cut_batch(self) -> _Batch | None:
         available = self._live_rows()
         if available == 0:
             return None
-        if self.merge_requests:
-            rows, bucket = choose_batch(available, self.buckets, self.bucket_seconds)
-        else:  # one request (or a largest-bucket slice of it) per batch
-            rows, bucket = choose_batch(
-                min(self._queue[0].waiting, self.buckets[-1]), self.buckets, self.bucket_seconds
-            )
+        due = available if self.merge_requests else min(self._queue[0].waiting, self.buckets[-1])
+        if self.any_batch:
+            rows = bucket = min(due, self.any_batch)
+        else:  # merged rows, or one request (or a largest-bucket slice of it) per batch
+            rows, bucket = choose_batch(due, self.buckets, self.bucket_seconds)
         batch = _Batch(rows=rows, bucket=bucket)
         need = rows
         while need:
@@ -248,6 +275,7 @@ class DynamicBatcher:
         while True:
             await self._wait_until_due()
             stream = await self.pool.acquire()
+            await self._wait_for_returning()
             batch = self._cut_batch()
             if batch is None:  # everything waiting was cancelled meanwhile
                 self.pool.release(stream)
@@ -295,6 +323,8 @@ class DynamicBatcher:
             scatter_start = time.perf_counter()
             self._scatter(batch, vectors)
             post_s += time.perf_counter() - scatter_start
+            self._expected_rows = min(batch.rows + self._live_rows(), self.buckets[-1])
+            self._expected_until = time.perf_counter() + self.max_delay_s
         finally:
             self.pool.release(stream)
         timings["post"] = post_s

@@ -99,9 +99,16 @@ class RuntimeSettings(BaseSettings):
     pin_threads: bool = Field(False, description="Pin each CPU stream's threads to its own cores.")
     share_weights: bool = Field(
         True,
-        description="CPU: all bucket sessions of a tower share one memory-mapped copy of its weights, without "
-        "prepacking or per-session arenas (a fraction of the memory, matmuls ~10 % slower); false gives each "
-        "session its own prepacked copy.",
+        description="CPU, with a session per bucket (CNCLIP_DYNAMIC_SHAPES=false, or graphs that cannot be one): "
+        "all bucket sessions of a tower share one memory-mapped copy of its weights, without prepacking or "
+        "per-session arenas (a fraction of the memory, matmuls 10-20 % slower); false gives each session its own "
+        "prepacked copy.",
+    )
+    dynamic_shapes: bool = Field(
+        True,
+        description="ONNX Runtime on the CPU: each stream runs every bucket and text length of a tower on one "
+        "shape-dynamic session with its own prepacked copy of the weights (any batch size, unpadded); false: a "
+        "session per bucket, holding the weights as CNCLIP_SHARE_WEIGHTS says.",
     )
     max_queue_delay_ms: float = Field(
         4.0, ge=0, description="How long the batcher waits to fill a bucket before running a partial one."

@@ -150,6 +150,7 @@ class LocalEncoder:
                 weights=weights,
                 backend=plan.backend.name,
                 run_precision=plan.precision,
+                dynamic_shapes=plan.dynamic,
             )
             session = BucketedSession.open(
                 self.manifest,
@@ -159,7 +160,7 @@ class LocalEncoder:
                 config,
                 factory,
                 lengths=self.text_lengths if plan.tower == "text" else (),
-                prepack=plan.prepack,
+                prepack=() if plan.dynamic else plan.prepack,  # the one session is prepacked already
             )
             stream = Stream(
                 index,
@@ -186,7 +187,7 @@ class LocalEncoder:
             plan.streams,
             plan.source,
         )
-        if weights is not None:
+        if weights is not None and (weights.sessions or not weights.usable):  # not when one session took every shape
             log.info("%s", weights.summary())
 
     async def start(self) -> None:
@@ -207,11 +208,17 @@ class LocalEncoder:
                 merge_requests=self.settings.dynamic_batching,
                 observer=self.observer,
                 bucket_seconds=_slowest_per_bucket(streams[tower]),
+                any_batch=min((stream.session.any_batch for stream in streams[tower]), default=0),
             )
             batcher.start()
             self._batchers[tower] = batcher
             per_row = ", ".join(f"b{b} {t / b * 1000:.2f}" for b, t in sorted(batcher.bucket_seconds.items()))
-            log.info("%s batches, ms per row at warm-up (the batcher pads only where it pays): %s", tower, per_row)
+            how = (
+                f"any size up to {batcher.any_batch} runs unpadded"
+                if batcher.any_batch
+                else "the batcher pads only where it pays"
+            )
+            log.info("%s batches, ms per row at warm-up (%s): %s", tower, how, per_row)
         workers = max(1, sum(len(p) for p in cpu_thread_plan(self.settings.streams, self.settings.threads_per_stream)))
         placements = {plan.placement() + f" ({plan.device.reason})" for plan in self.plans.values()}
         # Shared by requests in turns (retrieval/fair_pool.py): one request of many images cannot hold them all.

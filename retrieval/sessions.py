@@ -58,12 +58,22 @@ class BucketedSession:
         )
         self.shapes = list(self.sessions)
         self.buckets = sorted({bucket for bucket, _ in self.shapes})
+        self.any_batch = 0  # set by `Stream.warm_up` (the sessions open at their first run)
+
+    def any_batch_up_to(self) -> int:
+        """The most rows every graph here runs at any batch size from 1, unpadded (ONNX Runtime's one
+        shape-dynamic session per stream, retrieval/backends/ort_batch.py); 0: bucket sizes only."""
+        limits = [int(getattr(s, "any_batch_up_to", lambda: 0)()) for s in self.sessions.values()]
+        return min(limits, default=0)
 
     def run(self, batch: np.ndarray) -> np.ndarray:
-        """Run a batch whose size is exactly one of the buckets (and, for text, whose width is a length bucket)."""
+        """Run a batch whose size is one of the buckets, or up to `any_batch_up_to()` (and, for text,
+        whose width is a length bucket)."""
         rows = len(batch)
-        session = self.sessions.get((rows, batch.shape[1])) if batch.ndim == 2 else None
-        session = session or self.sessions.get((rows, None))
+        # A size between buckets runs on the next bucket's session: where that takes any size, unpadded.
+        key = next((b for b in self.buckets if b >= rows), rows) if self.any_batch else rows
+        session = self.sessions.get((key, batch.shape[1])) if batch.ndim == 2 else None
+        session = session or self.sessions.get((key, None))
         if session is None:
             raise ModelError(
                 f"{self.tower}: batch of {rows} is not a bucket here (shape {list(batch.shape)}; graphs {self.shapes})"
@@ -186,6 +196,7 @@ class Stream:
             if out.shape[0] != bucket:
                 raise ModelError(f"{name} returned {out.shape[0]} rows")
             log.debug("warmed %s in %.3fs", name, time.perf_counter() - start)
+        self.session.any_batch = self.session.any_batch_up_to()
         self._time_buckets(image_size, context_length)
 
     def _time_buckets(self, image_size: int, context_length: int) -> None:

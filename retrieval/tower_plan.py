@@ -50,6 +50,12 @@ class TowerPlan:
     threads_per_stream: int = 0
     source: str = "defaults"
     prepack_gain: dict[Shape, float] = field(default_factory=dict, compare=False)
+    dynamic: bool = False  # one shape-dynamic session per stream (CNCLIP_DYNAMIC_SHAPES, ONNX Runtime's CPU)
+
+    @property
+    def one_copy(self) -> bool:
+        """A stream's shapes of this tower hold one copy of the weights together (one model for every shape)."""
+        return self.dynamic or self.backend.shapes_share_a_copy(self.device.name)
 
     def placement(self) -> str:
         """ "cpu" for the default backend (the words start-up lines always had), else "openvino CPU"."""
@@ -59,6 +65,8 @@ class TowerPlan:
     def weights_words(self) -> str:
         """How the tower's sessions hold their weights, in the words of the start-up log."""
         packed = ",".join(shape_key(s) for s in sorted(self.prepack, key=lambda s: (s[1] or 0, s[0])))
+        if self.dynamic:
+            return "one prepacked copy per stream: one shape-dynamic session for every bucket and text length"
         if self.share:
             own = f"; its own prepacked copy for {packed} (tuned)" if packed else ""
             return (
@@ -108,6 +116,8 @@ def _from_tuning(
         graph=graph,
         buckets=_buckets(manifest, tower, graph, settings),
         share=settings.share_weights and backend.shares_weights(device.name),
+        # Shapes the tuner prepacked were measured as sessions of their own: keep them so.
+        dynamic=settings.dynamic_shapes and backend.dynamic_sessions(device.name) and not choice.prepacked(),
         prepack=frozenset(choice.prepacked()),
         streams=settings.streams if "streams" in explicit else choice.streams,
         threads_per_stream=settings.threads_per_stream
@@ -167,6 +177,7 @@ def _from_defaults(
         graph=graph,
         buckets=_buckets(manifest, tower, graph, settings),
         share=settings.share_weights and backend.shares_weights(device.name),
+        dynamic=settings.dynamic_shapes and backend.dynamic_sessions(device.name),
         streams=settings.streams,
         threads_per_stream=settings.threads_per_stream,
         source="settings" if settings.backend != "auto" else "defaults",
@@ -224,12 +235,9 @@ def weight_bytes(manifest: ModelManifest, tower: str, graph: str, precision: str
 def plan_bytes(plan: TowerPlan, shapes: int, copy_bytes: int) -> int:
     """Weight bytes a tower's plan holds: the shared copy once, each session with its own copy once
     (where the backend's shapes hold one copy together: once per stream)."""
-    if plan.share:
-        own = len(plan.prepack)
-    elif plan.backend.shapes_share_a_copy(plan.device.name):
-        own = 1
-    else:
-        own = shapes
+    if plan.one_copy:
+        return plan.streams * copy_bytes
+    own = len(plan.prepack) if plan.share else shapes
     return (copy_bytes if plan.share else 0) + plan.streams * own * copy_bytes
 
 
@@ -252,7 +260,7 @@ def fit_budget(
 
     plans = dict(plans)
     candidates = sorted(
-        ((p.prepack_gain.get(s, 1.0), t, s) for t, p in plans.items() if p.share for s in p.prepack),
+        ((p.prepack_gain.get(s, 1.0), t, s) for t, p in plans.items() if p.share and not p.one_copy for s in p.prepack),
         key=lambda c: c[0],
     )
     for _gain, tower, shape in candidates:

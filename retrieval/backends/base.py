@@ -56,12 +56,15 @@ class SessionConfig:
     device_id: int = 0
     cores: list[int] = field(default_factory=list)  # CPU: this stream's cores (len = intra-op threads)
     pin_threads: bool = False
-    spin: bool = True
+    spin: bool = True  # False: the threads stop spinning when a run ends (the cores go on to others)
     # The tower's weights, shared by all of its sessions (see retrieval/shared_weights.py); None:
     # each session loads, prepacks and keeps its own copy.
     weights: SharedWeights | None = field(default=None, compare=False, repr=False)
     backend: str = "onnxruntime"
     run_precision: str | None = None
+    # ONNX Runtime on the CPU: the stream's graphs of a tower run on one shape-dynamic session with
+    # its own prepacked weights (retrieval/backends/ort_batch.py) instead of a session per bucket.
+    dynamic_shapes: bool = False
     # What a backend compiles once for this stream and shares among its shapes (OpenVINO: one
     # shape-dynamic model per tower, retrieval/backends/openvino.py). Not an argument: every
     # config — one per stream — starts with its own, so streams never share a compiled model.
@@ -69,7 +72,7 @@ class SessionConfig:
 
     def unshared(self) -> SessionConfig:
         """The same configuration, with the session loading (and prepacking) its own copy of the weights."""
-        return dataclasses.replace(self, weights=None)
+        return dataclasses.replace(self, weights=None, dynamic_shapes=False)
 
 
 class EngineSession(Protocol):
@@ -107,6 +110,8 @@ class Backend:
     - `shapes_share_a_copy(device)`: whether a stream's sessions of one tower (every batch bucket and
       text length) hold one copy together (OpenVINO's CPU: one shape-dynamic compiled model), so the
       memory budget counts one copy per stream instead of one per shape.
+    - `dynamic_sessions(device)`: whether it can run a stream's shapes of a tower on one shape-dynamic
+      session when `CNCLIP_DYNAMIC_SHAPES` asks (ONNX Runtime's CPU: `SessionConfig.dynamic_shapes`).
     """
 
     name: str
@@ -125,6 +130,7 @@ class Backend:
     host_device: str
     triton_kind: Callable[[str], str]
     shapes_share_a_copy: Callable[[str], bool] = lambda device: False
+    dynamic_sessions: Callable[[str], bool] = lambda device: False
 
 
 def cpu_thread_plan(streams: int, threads_per_stream: int, cores: int | None = None) -> list[list[int]]:

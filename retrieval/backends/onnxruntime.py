@@ -16,18 +16,24 @@ it runs calibrated static int8 (`int8-qdq`) slower than dynamic int8, so it offe
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from retrieval.backends.base import Backend, Detection, DeviceChoice, SessionConfig
+from retrieval.backends.ort_batch import NotBatchLinear, dynamic_graph, input_shape
 from retrieval.backends.ort_providers import ASCEND_DEFAULT_HOME as ASCEND_DEFAULT_HOME
 from retrieval.backends.ort_providers import HOST, PROVIDERS, OrtProvider, accelerators, provider_named, setting_choices
 from retrieval.backends.ort_providers import detect_ascend as detect_ascend
 from retrieval.backends.ort_providers import detect_cuda as detect_cuda
 from retrieval.errors import EncoderUnavailable, ModelError
+
+if TYPE_CHECKING:
+    from retrieval.shared_weights import SharedWeights
 
 log = logging.getLogger(__name__)
 # OrtSession's warnings keep the logger they had before the move (operators filter on it).
@@ -135,8 +141,11 @@ def ort_session_options(config: SessionConfig) -> Any:
     if _provider(config.provider).on_host and config.cores:
         options.intra_op_num_threads = len(config.cores)
         if not config.spin:
-            # Several streams share the cores: spinning workers would steal them from each other.
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+            # The cores go to another stream or a decode worker when a run ends (retrieval/machine_limits.py):
+            # the pool spins between the parallel sections of a run — the cores are its own then, and
+            # waking threads per operator cost text at batch 1 a quarter of its time (10.1 -> 7.6 ms,
+            # ViT-B-16 int8 on a 2-core AVX-512 EPYC) — but stops when the run ends.
+            options.add_session_config_entry("session.force_spinning_stop", "1")
         if config.pin_threads and len(config.cores) > 1:
             # ORT pins the pool's extra threads (the calling thread is pinned by the stream itself);
             # logical processor ids are 1-based, one ';'-separated entry per extra thread.
@@ -174,47 +183,144 @@ def ort_errors() -> tuple[type[BaseException], ...]:
 
 
 class OrtSession:
-    """A `ModelSession` over one ONNX Runtime `InferenceSession`.
+    """A `ModelSession` over one bucket graph.
 
-    With `config.weights` the session reads the tower's shared weights; if they cannot be handed
-    over, or ONNX Runtime refuses the session with them, it says so once and loads its own copy."""
+    With `config.dynamic_shapes` (the CPU) it runs on its stream's one shape-dynamic session, which
+    holds the only prepacked copy of the tower's weights (`StreamGraphs`); with `config.weights` it
+    reads the tower's shared weights; if they cannot be handed over, or ONNX Runtime refuses the
+    session with them, it says so once and loads its own copy."""
 
     def __init__(self, path: Path, config: SessionConfig, input_name: str, output_name: str) -> None:
-        # The session reads the shared weights' mapped buffers: they must live as long as it does.
-        self.weights = config.weights if config.weights is not None and config.weights.usable else None
-        if self.weights is not None:
-            try:
-                self._session = self._open(path, config)
-                self.weights.record_session()
-            except (OSError, ValueError, ModelError) as exc:
-                self.weights.give_up(f"{path.name}: {exc}")
-                session_log.warning(
-                    "%s: cannot share weights, each session loads its own copy: %s", self.weights.label, exc
-                )
-                self.weights = None
-        if self.weights is None:
-            self._session = self._open(path, config.unshared())
         self.input_name = input_name
         self.output_name = output_name
-        self.providers = self._session.get_providers()
         # ONNX Runtime computes in the graph's own types: an int8 graph's matmuls are int8, the rest fp32.
         self.engine_precision = config.precision
+        self._path = path
+        self._graphs: StreamGraphs | None = None
+        if config.dynamic_shapes and _provider(config.provider).on_host:
+            self._graphs = StreamGraphs.of(config, path, input_name)
+            self._graphs.add(path)
+            self.providers = [HOST.ort_name]
+            return
+        self.weights, self._session = open_bucket_session(path, config)
+        self.providers = self._session.get_providers()
 
-    @staticmethod
-    def _open(path: Path, config: SessionConfig) -> Any:
-        import onnxruntime as ort
-
-        errors: tuple[type[BaseException], ...] = (RuntimeError, *ort_errors())
-        try:
-            options = ort_session_options(config)
-            if config.weights is not None:
-                config.weights.add_to(options, path)
-            return ort.InferenceSession(str(path), sess_options=options, providers=ort_providers(config))
-        except errors as exc:
-            raise ModelError(f"cannot open graph {path}: {exc}") from exc
+    def any_batch_up_to(self) -> int:
+        """The most rows this graph's session runs at any batch size from 1, unpadded (one
+        shape-dynamic session); 0 where it runs its own bucket's size only."""
+        return self._graphs.any_batch_up_to(self._path) if self._graphs is not None else 0
 
     def run(self, batch: np.ndarray) -> np.ndarray:
-        return self._session.run([self.output_name], {self.input_name: batch})[0]
+        session = self._graphs.session_for(self._path) if self._graphs is not None else self._session
+        return session.run([self.output_name], {self.input_name: batch})[0]
+
+
+def open_bucket_session(path: Path, config: SessionConfig) -> tuple[SharedWeights | None, Any]:
+    """One graph's `InferenceSession`, on the shared weights where `config` has them (the weights it
+    reads, which must live as long as it does), else loading its own copy."""
+    weights = config.weights if config.weights is not None and config.weights.usable else None
+    if weights is not None:
+        try:
+            session = _open(path, config)
+            weights.record_session()
+            return weights, session
+        except (OSError, ValueError, ModelError) as exc:
+            weights.give_up(f"{path.name}: {exc}")
+            session_log.warning("%s: cannot share weights, each session loads its own copy: %s", weights.label, exc)
+    return None, _open(path, config.unshared())
+
+
+def _open(path: Path | bytes, config: SessionConfig, folder: Path | None = None) -> Any:
+    """An `InferenceSession` of the graph at `path` (or serialized, its external data in `folder`)."""
+    import onnxruntime as ort
+
+    errors: tuple[type[BaseException], ...] = (RuntimeError, *ort_errors())
+    what = path if isinstance(path, Path) else f"in {folder}"
+    try:
+        options = ort_session_options(config)
+        if config.weights is not None and isinstance(path, Path):
+            config.weights.add_to(options, path)
+        if folder is not None:
+            options.add_session_config_entry("session.model_external_initializers_file_folder_path", str(folder))
+        model = str(path) if isinstance(path, Path) else path
+        return ort.InferenceSession(model, sess_options=options, providers=ort_providers(config))
+    except errors as exc:
+        raise ModelError(f"cannot open graph {what}: {exc}") from exc
+
+
+class StreamGraphs:
+    """The graphs one stream opened for one tower on the CPU, and the sessions that serve them.
+
+    Registered at open, opened at the first run (by then the stream has registered every shape):
+    every shape one rewritten graph can take (retrieval/backends/ort_batch.py) runs on one session
+    that loads and prepacks its own copy of the weights — all batches and text lengths, else one per
+    text length; a graph that cannot, or one registered after that first run, gets its own session on
+    the shared weights, as before."""
+
+    def __init__(self, config: SessionConfig) -> None:
+        self.config = config
+        self.paths: list[Path] = []
+        self.sessions: dict[Path, Any] = {}
+        self.batches: dict[Path, tuple[int, int]] = {}  # a shape-dynamic session's (least, most) rows
+        self._lock = threading.Lock()  # streams are single-threaded; this only guards a misuse
+
+    @classmethod
+    def of(cls, config: SessionConfig, path: Path, input_name: str) -> StreamGraphs:
+        return config.stream_models.setdefault(("onnxruntime", path.parent, input_name), cls(config))  # type: ignore[no-any-return]
+
+    def add(self, path: Path) -> None:
+        if not path.is_file():
+            raise ModelError(f"cannot open graph {path}: no such file")
+        with self._lock:
+            self.paths.append(path)
+
+    def session_for(self, path: Path) -> Any:
+        with self._lock:
+            if path not in self.sessions:
+                self._open([p for p in dict.fromkeys(self.paths) if p not in self.sessions])
+            return self.sessions[path]
+
+    def any_batch_up_to(self, path: Path) -> int:
+        self.session_for(path)
+        least, most = self.batches.get(path, (0, 0))
+        return most if least == 1 else 0
+
+    def _open(self, pending: list[Path]) -> None:
+        try:
+            shapes = {p: input_shape(p) for p in pending}
+        except (NotBatchLinear, OSError, DecodeError) as exc:
+            log.info("onnxruntime: %s: one session per graph (%s)", pending[0].parent, exc)
+            shapes = {}
+        for path in [p for p in pending if p not in shapes]:
+            self.sessions[path] = open_bucket_session(path, self.config)[1]
+        pending = [p for p in pending if p in shapes]
+        by_rest: dict[tuple[int, ...], list[Path]] = {}
+        for p in pending:
+            by_rest.setdefault(shapes[p][1:], []).append(p)
+        left = pending
+        for groups in [[pending], list(by_rest.values())] if len(by_rest) > 1 else [[pending]]:
+            left = []
+            for part in groups:
+                distinct = len({shapes[p] for p in part}) == len(part)
+                if len(part) < 2 or not distinct or not self._open_dynamic({shapes[p]: p for p in part}):
+                    left += part
+            if len(left) < len(pending):
+                break
+        for path in left:
+            self.sessions[path] = open_bucket_session(path, self.config)[1]
+
+    def _open_dynamic(self, paths: dict[tuple[int, ...], Path]) -> bool:
+        names = ", ".join(p.name for p in paths.values())
+        try:
+            graph = dynamic_graph(paths)
+            session = _open(graph.model.SerializeToString(), self.config.unshared(), graph.folder)
+        except (NotBatchLinear, ModelError, OSError, ValueError, DecodeError) as exc:
+            log.info("onnxruntime: %s cannot share one session (%s)", names, exc)
+            return False
+        log.debug("onnxruntime: %s run on one session (%d shape constants rebuilt)", names, graph.rebuilt)
+        self.sessions.update(dict.fromkeys(paths.values(), session))
+        self.batches.update(dict.fromkeys(paths.values(), graph.bounds[0]))
+        return True
 
 
 def _detect() -> Detection:
@@ -241,6 +347,7 @@ ONNXRUNTIME = Backend(
     choose_device=lambda requested: choose_provider(requested),
     precisions=run_precisions,
     shares_weights=lambda provider: _provider(provider).on_host,
+    dynamic_sessions=lambda provider: _provider(provider).on_host,
     uses_cpu_cores=lambda provider: _provider(provider).on_host,
     open_session=OrtSession,
     version=_version,

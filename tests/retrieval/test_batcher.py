@@ -213,6 +213,53 @@ def test_idle_encoder_does_not_wait_for_company() -> None:
     assert asyncio.run(scenario()) < 1.0
 
 
+def test_closed_loop_callers_run_together_not_one_then_the_rest() -> None:
+    """Eight callers that each send their next request a round trip after their answer: cut at once,
+    the one row waiting ran alone and the seven returning ones a run later, in turn (issue 34)."""
+
+    async def scenario():
+        runs: list = []
+        batcher = make_batcher(runs, delay_ms=200, session_delay=0.02)
+
+        async def caller(i: int) -> None:
+            for _ in range(6):
+                await batcher.submit(rows(float(i)))
+                await asyncio.sleep(0.002 * (i + 1))  # the answer's way back and the next request's way in
+
+        await asyncio.gather(*(caller(i) for i in range(8)))
+        await batcher.close()
+        return [r[1] for r in runs]
+
+    batches = asyncio.run(scenario())
+    real = [[v for v in b if v >= 0] for b in batches]
+    assert sum(len(set(b)) for b in real) == 48
+    # Not 8, then 1 and 7 in turn: every batch holds all eight callers.
+    assert all(len(set(b)) == 8 for b in real), [len(set(b)) for b in real]
+
+
+def test_a_caller_that_does_not_return_costs_at_most_the_delay() -> None:
+    async def scenario():
+        runs: list = []
+        gate = threading.Event()
+        batcher = make_batcher(runs, delay_ms=150, gate=gate)
+        first = asyncio.create_task(batcher.submit(rows(1.0)))
+        await until(lambda: batcher.pool.idle == 0)
+        others = asyncio.gather(*(batcher.submit(rows(v)) for v in (2.0, 3.0, 5.0, 6.0)))
+        await asyncio.sleep(0.01)
+        gate.set()
+        await first
+        await others  # a batch of 4 ended: 4 rows expected back, only one comes
+        start = time.perf_counter()
+        await batcher.submit(rows(4.0))
+        waited = time.perf_counter() - start
+        await batcher.close()
+        return waited, [r[1] for r in runs]
+
+    waited, batches = asyncio.run(scenario())
+    assert batches[1] == [2.0, 3.0, 5.0, 6.0] and batches[2] == [4.0]
+    assert 0.1 < waited < 1.0  # it waited for the other callers, but no longer than the delay
+
+
 def test_zero_delay_does_not_wait() -> None:
     async def scenario():
         runs: list = []

@@ -120,7 +120,8 @@ def test_cpu_threads_and_affinity() -> None:
     assert options.intra_op_num_threads == 3
     # ORT pins the two extra pool threads (1-based processor ids); the caller thread pins itself.
     assert options.get_session_config_entry("session.intra_op_thread_affinities") == "4;5"
-    assert options.get_session_config_entry("session.intra_op.allow_spinning") == "0"
+    # Spinning inside a run only: the pool stops spinning when the run ends (the cores go on).
+    assert options.get_session_config_entry("session.force_spinning_stop") == "1"
     unpinned = ort_session_options(SessionConfig(provider="cpu", precision="int8", cores=[0, 1]))
     assert unpinned.intra_op_num_threads == 2
     with pytest.raises(Exception, match="intra_op_thread_affinities"):
