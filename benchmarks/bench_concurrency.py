@@ -34,7 +34,6 @@ import datetime as dt
 import itertools
 import json
 import os
-import platform
 import random
 import re
 import statistics
@@ -54,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.load_client import RequestMaker, closed_loop, http_request  # noqa: E402
 from benchmarks.load_setup import random_jpeg  # noqa: E402
 from benchmarks.load_test import OUT_DIR, QUERY_WORDS  # noqa: E402
+from benchmarks.machine import machine  # noqa: E402
 from benchmarks.perf_analyzer_check import PerfAnalyzer, find_perf_analyzer, run_cell, write_input_data  # noqa: E402
 from retrieval.config import SHIPPED_MODEL_DIR, RuntimeSettings  # noqa: E402
 from retrieval.manifest import ModelManifest  # noqa: E402
@@ -112,6 +112,11 @@ def server_env(args: argparse.Namespace, data_dir: Path) -> dict[str, str]:
         CNCLIP_BUCKETS=json.dumps(served_buckets(args)),
         CNCLIP_QUERY_CACHE_SIZE=str(args.query_cache),
     )
+    for setting in args.setting:
+        name, _, value = setting.partition("=")
+        if not name.startswith("CNCLIP_") or not _:
+            raise SystemExit(f"--setting {setting!r}: expected CNCLIP_NAME=VALUE")
+        env[name] = value
     return env
 
 
@@ -326,19 +331,6 @@ def verdicts(runs: dict[tuple[str, str, int], list[tuple[float, float, float]]])
     ]
 
 
-def machine() -> str:
-    """CPU model, the SIMD flags that decide int8 speed, cores and load: was the machine quiet?"""
-    cpuinfo = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = re.search(r"^model name\s*:\s*(.+)$", cpuinfo, re.M)
-    found = re.search(r"^flags\s*:\s*(.+)$", cpuinfo, re.M)
-    flags = set(found.group(1).split()) if found else set()
-    wanted = ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_tile", "amx_int8")
-    return (
-        f"{model.group(1) if model else platform.processor()}; {' '.join(f for f in wanted if f in flags) or 'no AVX2'}; "
-        f"{len(os.sched_getaffinity(0))} cores; load {os.getloadavg()[0]:.2f}"
-    )
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ints = lambda v: [int(x) for x in v.split(",")]  # noqa: E731
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -359,6 +351,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--photo", type=lambda v: tuple(ints(v.replace("x", ","))), default=(1024, 768), help="WxH")
     parser.add_argument("--query-cache", type=int, default=0, help="CNCLIP_QUERY_CACHE_SIZE of worker/serve (0: off)")
     parser.add_argument("--own-client", action="store_true", help="the project's client even where perf_analyzer runs")
+    parser.add_argument(
+        "--setting",
+        action="append",
+        default=[],
+        metavar="CNCLIP_NAME=VALUE",
+        help="a setting for worker and serve (repeatable), e.g. CNCLIP_STREAMS=2",
+    )
     parser.add_argument("--out", type=Path, default=OUT_DIR / "bench_concurrency.json")
     args = parser.parse_args(argv)
     for name, values, allowed in (("--servers", args.servers, SERVERS), ("--paths", args.paths, PATHS)):
@@ -380,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"{started_at:%Y-%m-%d %H:%M} UTC; {before}; at the end load {os.getloadavg()[0]:.2f}",
         f"model {args.model}, {args.precision}, buckets {served_buckets(args)}; {args.rounds} round(s) × {args.duration:g} s "
-        f"per cell after {args.warmup:g} s warm-up; photos {args.photo[0]}×{args.photo[1]}",
+        f"per cell after {args.warmup:g} s warm-up; photos {args.photo[0]}×{args.photo[1]}"
+        + (f"; worker/serve settings {' '.join(args.setting)}" if args.setting else ""),
         f"load: {load_tool}; {tool.note}",
         cache,
         *table(result["runs"]),
