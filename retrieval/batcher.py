@@ -222,13 +222,7 @@ class DynamicBatcher:
                 # Nothing in flight: waiting would only add latency. Under load batches are in flight,
                 # and rows that arrive meanwhile merge (up to the delay, or until a stream frees up).
                 return
-            remaining = self._queue[0].enqueued + self.max_delay_s - time.perf_counter()
-            if remaining <= 0:
-                return
-            self._arrived.clear()
-            try:
-                await asyncio.wait_for(self._arrived.wait(), remaining)
-            except TimeoutError:
+            if not await self._arrival_before(self._queue[0].enqueued + self.max_delay_s):
                 return
 
     async def _wait_for_returning(self) -> None:
@@ -240,14 +234,20 @@ class DynamicBatcher:
         if not self.merge_requests:
             return
         while self._live_rows() < self._expected_rows:
-            remaining = self._expected_until - time.perf_counter()
-            if remaining <= 0:
+            if not await self._arrival_before(self._expected_until):
                 return
-            self._arrived.clear()
-            try:
-                await asyncio.wait_for(self._arrived.wait(), remaining)
-            except TimeoutError:
-                return
+
+    async def _arrival_before(self, deadline: float) -> bool:
+        """Whether a request arrives before `deadline` (perf_counter seconds); False at once when it has passed."""
+        remaining = deadline - time.perf_counter()
+        if remaining <= 0:
+            return False
+        self._arrived.clear()
+        try:
+            await asyncio.wait_for(self._arrived.wait(), remaining)
+        except TimeoutError:
+            return False
+        return True
 
     def _cut_batch(self) -> _Batch | None:
         available = self._live_rows()

@@ -26,6 +26,7 @@ from retrieval.graph_store import save_sharing_weights
 from retrieval.manifest import ModelManifest
 from retrieval.toolchain.toy_model import write_toy_model
 from retrieval.tower_plan import TowerPlan, plan_bytes
+from tests.support.model_inputs import varied_input
 
 pytest.importorskip("openvino")
 import openvino as ov  # noqa: E402
@@ -37,17 +38,6 @@ CPU = SessionConfig(provider="CPU", precision="fp32", cores=[0], backend="openvi
 def stream_config() -> SessionConfig:
     """One stream's config: each has its own compiled models (`SessionConfig.stream_models`)."""
     return SessionConfig(provider="CPU", precision="fp32", cores=[0], backend="openvino", run_precision="fp32")
-
-
-def varied_input(tower: str, batch: int, length: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    if tower == "image":
-        return rng.normal(0.0, 1.0, (batch, 3, 224, 224)).astype(np.float32)
-    ids = rng.integers(103, 21128, (batch, length)).astype(np.int64)
-    ids[:, 0] = 101
-    for row, n in enumerate(rng.integers(3, length, batch)):  # texts of varied lengths, padded
-        ids[row, n - 1], ids[row, n:] = 102, 0
-    return ids
 
 
 def static_answer(path: Path, batch: np.ndarray, name: str) -> np.ndarray:

@@ -28,6 +28,7 @@ from retrieval.sessions import BucketedSession
 from retrieval.shared_weights import SharedWeights
 from retrieval.toolchain.toy_model import write_toy_model
 from retrieval.tower_plan import TowerPlan, plan_bytes
+from tests.support.model_inputs import varied_input
 
 DEMO = Path(__file__).resolve().parents[2] / "models" / "cnclip-demo"
 
@@ -37,17 +38,6 @@ def config(dynamic: bool = True) -> SessionConfig:
     return SessionConfig(
         provider="cpu", precision="int8", cores=[0], weights=SharedWeights("t"), dynamic_shapes=dynamic
     )
-
-
-def varied_input(tower: str, batch: int, length: int, seed: int) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    if tower == "image":
-        return rng.normal(0.0, 1.0, (batch, 3, 224, 224)).astype(np.float32)
-    ids = rng.integers(103, 21128, (batch, length)).astype(np.int64)
-    ids[:, 0] = 101
-    for row, n in enumerate(rng.integers(3, length, batch)):  # texts of varied lengths, padded
-        ids[row, n - 1], ids[row, n:] = 102, 0
-    return ids
 
 
 def open_tower(directory: Path, tower: str, precision: str, dynamic: bool = True) -> dict[Path, OrtSession]:
