@@ -143,8 +143,9 @@ def ort_session_options(config: SessionConfig) -> Any:
         if not config.spin:
             # The cores go to another stream or a decode worker when a run ends (retrieval/machine_limits.py):
             # the pool spins between the parallel sections of a run — the cores are its own then, and
-            # waking threads per operator cost text at batch 1 a quarter of its time (10.1 -> 7.6 ms,
-            # ViT-B-16 int8 on a 2-core AVX-512 EPYC) — but stops when the run ends.
+            # waking threads per operator cost text at batch 1 a fifth of its time (9.0 -> 7.3 ms,
+            # ViT-B-16 int8 on a 2-core AVX-512 EPYC, benchmarks/bench_one_session.py) — but stops when
+            # the run ends.
             options.add_session_config_entry("session.force_spinning_stop", "1")
         if config.pin_threads and len(config.cores) > 1:
             # ORT pins the pool's extra threads (the calling thread is pinned by the stream itself);
