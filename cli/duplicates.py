@@ -53,7 +53,8 @@ def duplicates(
     hash_missing: Annotated[
         bool,
         typer.Option(
-            "--hash-missing", help="First hash images indexed before perceptual hashes existed (uploads too)."
+            "--hash-missing",
+            help="First hash images without a perceptual hash, or with one of an earlier hash version (uploads too).",
         ),
     ] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Machine-readable output.")] = False,

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 
 import numpy as np
+from PIL import Image
 
 from retrieval.backends import DeviceChoice, SessionConfig, cpu_thread_plan
 from retrieval.batcher import DynamicBatcher
@@ -27,7 +28,7 @@ from retrieval.errors import EncoderUnavailable, InvalidImage, InvalidInput, Mod
 from retrieval.fair_pool import FairPool, ItemFailed
 from retrieval.machine_limits import CoreGate
 from retrieval.manifest import ModelManifest
-from retrieval.preprocess import preprocess_image
+from retrieval.preprocess import ImagePreprocessor
 from retrieval.query_cache import QueryCache, TokenKey, embed_with_cache
 from retrieval.sessions import BucketedSession, SessionFactory, Stream, StreamPool
 from retrieval.shared_weights import SharedWeights
@@ -313,28 +314,32 @@ class LocalEncoder:
         ids = tokenize() if len(texts) <= _TOKENIZE_INLINE else await asyncio.to_thread(tokenize)
         return await self._submit_text(ids, time.perf_counter() - start)
 
-    def image_preprocessor(self) -> Callable[[bytes], np.ndarray]:
+    def image_preprocessor(self) -> ImagePreprocessor:
         """Image bytes → this model's pixels (3, R, R), with this encoder's limits: what `embed_images`
         runs on each image before `embed_pixels`. The bulk indexer decodes with it in its own threads
         (indexer/bulk/embedding.py), so the vectors are the same either way."""
-        return partial(
-            preprocess_image,
-            size=self.image_size,
-            mean=self.manifest.mean,
-            std=self.manifest.std,
-            max_bytes=self.settings.max_image_bytes,
-            max_pixels=self.settings.max_image_pixels,
+        return ImagePreprocessor(
+            self.image_size,
+            self.manifest.mean,
+            self.manifest.std,
+            self.settings.max_image_bytes,
+            self.settings.max_image_pixels,
         )
 
-    async def embed_images(self, images: Sequence[bytes]) -> np.ndarray:
-        """L2-normalised float32 (n, dim) for raw image bytes; `InvalidImage` names the bad one."""
+    async def embed_images(
+        self, images: Sequence[bytes], on_decoded: Callable[[int, Image.Image], None] | None = None
+    ) -> np.ndarray:
+        """L2-normalised float32 (n, dim) for raw image bytes; `InvalidImage` names the bad one.
+        `on_decoded(i, image)` sees each decoded image in its preprocessing thread (an upload's
+        perceptual hash comes from the decode its pixels come from: indexer/service/write_cases.py)."""
         if len(images) == 0:
             return np.zeros((0, self.dim), dtype=np.float32)
         self._batcher("image").check_capacity(min(len(images), self._batcher("image").max_queue_size))
         assert self._preprocess_pool is not None
         start = time.perf_counter()
+        preprocess = self.image_preprocessor().observed(on_decoded)
         try:
-            results = await self._preprocess_pool.map(self.image_preprocessor(), images)
+            results = await self._preprocess_pool.map(preprocess, [*enumerate(images)])
         except ItemFailed as failed:
             error = failed.error
             if isinstance(error, InvalidImage) and len(images) > 1:

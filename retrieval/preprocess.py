@@ -14,7 +14,7 @@ from __future__ import annotations
 import io
 import struct
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -279,8 +279,8 @@ def _decode_opened(image: Image.Image, draft: int | None, transpose: bool = True
         if draft is not None:
             image.draft(image.mode, (draft, draft))  # the same mode: only the scale changes
         image.load()
-        if transpose:
-            image = ImageOps.exif_transpose(image) or image
+        if transpose:  # in place: otherwise an upright image is copied whole (~10 ms for 12 MP)
+            ImageOps.exif_transpose(image, in_place=True)
     except _DECODE_ERRORS as exc:
         raise InvalidImage(f"the image data is corrupt or truncated: {exc}") from exc
     return _to_8_bit(image)
@@ -317,3 +317,38 @@ def preprocess_image(
     usable image (empty, truncated, not an image, more than `max_pixels` pixels).
     """
     return normalise(decode_image(data, max_bytes, max_pixels), size, mean, std)
+
+
+@dataclass(frozen=True)
+class ImagePreprocessor:
+    """One model's `preprocess_image` with its limits, callable on bytes (what the encoder runs on each
+    image), and its two halves apart for a caller that uses the decoded image too: the bulk indexer
+    takes the perceptual hash from the same decode (indexer/bulk/embedding.py)."""
+
+    size: int = 224
+    mean: Sequence[float] = CNCLIP_MEAN
+    std: Sequence[float] = CNCLIP_STD
+    max_bytes: int = DEFAULT_MAX_BYTES
+    max_pixels: int = DEFAULT_MAX_PIXELS
+
+    def decode(self, data: bytes) -> Image.Image:
+        return decode_image(data, self.max_bytes, self.max_pixels)
+
+    def normalise(self, image: Image.Image) -> np.ndarray:
+        return normalise(image, self.size, self.mean, self.std)
+
+    def __call__(self, data: bytes) -> np.ndarray:
+        return self.normalise(self.decode(data))
+
+    def observed(
+        self, on_decoded: Callable[[int, Image.Image], None] | None
+    ) -> Callable[[tuple[int, bytes]], np.ndarray]:
+        """This preprocessing of (position, bytes), showing `on_decoded` (if any) each decoded image first."""
+
+        def run(item: tuple[int, bytes]) -> np.ndarray:
+            image = self.decode(item[1])
+            if on_decoded is not None:
+                on_decoded(item[0], image)
+            return self.normalise(image)
+
+        return run

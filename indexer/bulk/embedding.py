@@ -7,7 +7,8 @@ the vectors are the same), and the batch goes to the encoder as pixels. Why (iss
 encoder decoded, a batch's decoding began only once the whole batch had been read and routed, and its
 time could not be told apart from the model's; here it starts with each file, within the readers'
 bounded window, and is measured on its own (`decode_s`). It costs the same CPU per image as the
-encoder's own decoding (benchmarks/bench_indexing.py `--bytes-pipeline`). Each decode holds one of the
+encoder's own decoding (benchmarks/bench_indexing.py `--bytes-pipeline`), and the perceptual hash comes
+from that decode (a second, reduced-scale decode cost ~2.8 ms of a ~15 ms photo). Each decode holds one of the
 encoder's core permits (`LocalEncoder.core_gate`) while it runs, as the encoder's own decode workers
 do: decoding and the sessions' threads together never run more threads than the cores.
 
@@ -23,28 +24,28 @@ from collections.abc import Callable
 
 import numpy as np
 
-from indexer.bulk.reading import PreparedFile
+from indexer.bulk.reading import Decode, Decoded, PreparedFile, pixels_and_hash
 from indexer.bulk.stage_clock import StageClock
 from retrieval.encoder import LocalEncoder
 from retrieval.errors import InvalidImage
 from retrieval.types import Encoder
 
-Decode = Callable[[bytes], np.ndarray]
 Failures = list[tuple[str, str]]
 
 
 def pixel_decoder(encoder: Encoder, clock: StageClock) -> Decode | None:
-    """The reader threads' decode for `encoder` (timed as `decode`), or None when it takes bytes."""
+    """The reader threads' decode for `encoder` (timed as `decode`, the perceptual hash of the same
+    decode included), or None when it takes bytes."""
     if not isinstance(encoder, LocalEncoder):
         return None
     preprocess, gate = encoder.image_preprocessor(), encoder.core_gate
 
-    def decode(data: bytes) -> np.ndarray:
+    def decode(data: bytes) -> Decoded:
         with contextlib.ExitStack() as held:
             with clock.timing("core_wait"):  # not reading, not decoding: the sessions had the cores
                 held.enter_context(gate.hold(1))
             with clock.timing("decode"):
-                return preprocess(data)
+                return pixels_and_hash(preprocess, data)
 
     return decode
 
@@ -57,7 +58,8 @@ def decoded(batch: list[PreparedFile], decode: Decode) -> tuple[list[PreparedFil
     for prepared in batch:
         if prepared.pixels is None and prepared.decode_error is None:
             try:
-                prepared.pixels = decode(prepared.data)
+                prepared.pixels, phash = decode(prepared.data)
+                prepared.phash = prepared.phash if prepared.phash is not None else phash
             except InvalidImage as exc:
                 prepared.decode_error = exc.message
         if prepared.decode_error is not None:

@@ -32,7 +32,7 @@ from indexer.bulk.embedding import Decode, embed_batch, pixel_decoder
 from indexer.bulk.index_run import IndexRun, Todo, plan
 from indexer.bulk.moves import FileMoves, prunable, settle_moves
 from indexer.bulk.ocr_stage import OcrStage
-from indexer.bulk.reading import PreparedFile, read_file, read_phash, read_taken
+from indexer.bulk.reading import PreparedFile, pixels_and_hash, read_file, read_phash, read_taken
 from indexer.bulk.routing import FileRouter, MovePayload
 from indexer.bulk.sources import SourceEntry, identities, load_entries
 from indexer.bulk.stage_clock import StageClock
@@ -42,7 +42,7 @@ from indexer.domain.records import AddResult, CollectionState, FileState
 from indexer.fs.presence import row_gone
 from indexer.service.collections import CollectionService
 from retrieval.errors import EncoderUnavailable, InvalidInput, NotFound
-from retrieval.preprocess import preprocess_image
+from retrieval.preprocess import ImagePreprocessor
 from retrieval.types import Encoder
 
 __all__ = ["ImageIndexer", "IndexRun", "IndexSummary", "ProgressCallback", "Todo"]
@@ -173,7 +173,7 @@ class ImageIndexer:
         return backfill(undated, states, read, store, self.read_threads, "date")
 
     def _hash_unchanged(self, unhashed: list[SourceEntry], states: dict[str, FileState]) -> int:
-        """The perceptual-hash backfill, for rows indexed before perceptual hashes existed."""
+        """The perceptual-hash backfill, for rows without a hash of this `PHASH_VERSION` (indexer/domain/perceptual.py)."""
         read = functools.partial(read_phash, max_bytes=self.service.max_image_bytes)
         store = functools.partial(self.service.duplicates.set_phashes, self.collection)
         return backfill(unhashed, states, read, store, self.read_threads, "phash")
@@ -213,9 +213,8 @@ class ImageIndexer:
         # What the encoder runs on every image it embeds (retrieval/encoder.py), with the same limits:
         # an image it would refuse is counted as failing, not as one to embed (and not again after
         # every run). Decoded by the reader threads; only the files routed to the encoder count.
-        decode = functools.partial(
-            preprocess_image, max_bytes=self.service.max_image_bytes, max_pixels=self.service.max_image_pixels
-        )
+        limits = ImagePreprocessor(max_bytes=self.service.max_image_bytes, max_pixels=self.service.max_image_pixels)
+        decode = functools.partial(pixels_and_hash, limits, hashed=False)
         async for prepared in self._read(todo, summary, stop, StageClock(summary.stages), decode):
             if router.route(prepared, summary) == "embed":
                 if prepared.decode_error is None:

@@ -1,5 +1,6 @@
 """The reader stage of `cnclip index`: read, hash, probe and date one file (in reader threads), and
-take the perceptual hash (indexer/domain/perceptual.py) of the files that will be embedded."""
+take the perceptual hash (indexer/domain/perceptual.py) of the files that will be embedded — from the
+decode that makes the model's pixels when the reader decodes (`pixels_and_hash`), else on its own."""
 
 from __future__ import annotations
 
@@ -11,14 +12,24 @@ from dataclasses import dataclass
 import numpy as np
 
 from indexer.bulk.sources import SourceEntry, looks_like_image
-from indexer.domain.perceptual import phash_of_bytes
+from indexer.domain.perceptual import phash_of_bytes, phash_or_none
 from indexer.domain.records import FileState, NewImage
 from indexer.domain.taken import Taken, taken_from, taken_of
 from indexer.fs.safe_open import FileRefused, open_inside
 from retrieval.errors import InvalidImage
-from retrieval.preprocess import DEFAULT_MAX_BYTES, read_header
+from retrieval.preprocess import DEFAULT_MAX_BYTES, ImagePreprocessor, read_header
 
 _HEAD = 16  # bytes enough to tell an image's signature (indexer/bulk/sources.py)
+
+Decoded = tuple[np.ndarray, int | None]  # the model's pixels, and the perceptual hash of the same decode
+Decode = Callable[[bytes], Decoded]
+
+
+def pixels_and_hash(preprocess: ImagePreprocessor, data: bytes, hashed: bool = True) -> Decoded:
+    """The model's pixels and (`hashed`) the perceptual hash, from one decode: the hash decodes at full
+    scale as the encoder does (indexer/domain/perceptual.py), so it is the value `phash_of_bytes` gives."""
+    image = preprocess.decode(data)
+    return preprocess.normalise(image), phash_or_none(image) if hashed else None
 
 
 @dataclass
@@ -88,7 +99,7 @@ def _read_inside(entry: SourceEntry, max_bytes: int = DEFAULT_MAX_BYTES) -> tupl
 def read_file(
     entry: SourceEntry,
     state: FileState | None,
-    decode: Callable[[bytes], np.ndarray] | None = None,
+    decode: Decode | None = None,
     needs_hash: Callable[[str], bool] | None = None,
     max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> PreparedFile | tuple[str, str] | None:
@@ -97,8 +108,8 @@ def read_file(
     `decode`: also decode the pixels the way the encoder does and keep them, or why that fails (a
     truncated JPEG: its header is fine, its data is not): the dry run, and a run whose encoder takes
     pixels (indexer/bulk/embedding.py). `needs_hash(sha256)`: whether these are new bytes, whose
-    perceptual hash is taken (and, with `decode`, pixels made); not for bytes the collection has: a
-    rename or a copy costs no decoding. Without `needs_hash` every file is decoded (the dry run).
+    perceptual hash is taken (from `decode`'s decode when there is one) and, with `decode`, pixels
+    made; not for bytes the collection has: a rename or a copy costs no decoding. Without `needs_hash` every file is decoded (the dry run).
     `max_bytes`: the server's image limit; a larger file is a bad file (when it claims to be an
     image) and is never read whole."""
     try:
@@ -121,14 +132,15 @@ def read_file(
     replaces = state.id if state is not None and state.sha256 != sha else None
     taken = taken_from(header, mtime)
     new_bytes = needs_hash is not None and needs_hash(sha)
-    decode_error, pixels = None, None
+    decode_error, pixels, phash = None, None, None
     if decode is not None and (needs_hash is None or new_bytes):
         try:
-            pixels = decode(data)
+            pixels, phash = decode(data)
         except InvalidImage as exc:
-            decode_error = exc.message
+            decode_error = exc.message  # the same decode: no hash to take either
+    elif new_bytes:
+        phash = phash_of_bytes(data)
     size = len(data)
-    phash = phash_of_bytes(data) if new_bytes else None
     return PreparedFile(
         entry,
         data,

@@ -48,7 +48,7 @@ class IndexSummary:
     would_prune: int = 0
     dated: int = 0  # unchanged files indexed before taken_at existed, dated now (nothing embedded)
     would_date: int = 0  # --dry-run: such files
-    hashed: int = 0  # unchanged files indexed before perceptual hashes existed, hashed now (nothing embedded)
+    hashed: int = 0  # unchanged files without a perceptual hash of this version, hashed now (nothing embedded)
     failures: list[tuple[str, str]] = field(default_factory=list)
     interrupted: bool = False
     seconds: float = 0.0

@@ -1,11 +1,18 @@
 """A perceptual hash of each image: the same picture re-encoded, resized or re-saved in another format
 gets (nearly) the same 64 bits, so near-identical pictures are found by Hamming distance.
 
-The hash (pHash, no dependency beyond numpy and Pillow): decode (a JPEG at a reduced scale: the hash
-only looks at 32×32 pixels), apply the EXIF orientation, greyscale, resize to 32×32 (LANCZOS), take
-the 8×8 lowest frequencies of its 2-D DCT-II (two matrix products), and set a bit for each
-coefficient above their median. Stored as a signed 64-bit integer (`items.phash`, SQL has no unsigned
-BIGINT); NULL for texts and for images indexed before revision 0004 until `cnclip index` reads them.
+The hash (pHash, no dependency beyond numpy and Pillow): decode at full scale, as the encoder does
+(`retrieval.preprocess.decode_image`), apply the EXIF orientation, greyscale, resize to 32×32 (a box
+reduction, then LANCZOS), take the 8×8 lowest frequencies of its 2-D DCT-II (two matrix products), and
+set a bit for each coefficient above their median. Stored as a signed 64-bit integer (`items.phash`,
+SQL has no unsigned BIGINT) with the `PHASH_VERSION` it was taken by (`items.phash_version`); NULL for
+texts and for images indexed before revision 0004 until `cnclip index` reads them.
+
+Version 2 (revision 0009) decodes at full scale so that `cnclip index` takes the hash from the very
+decode the encoder's pixels come from (issue 34: the second decode cost ~2.8 ms of ~15 per photo).
+Version 1 decoded JPEGs at 1/8 scale: the same picture's two hashes differ by 0–4 bits, so a hash of
+another version is taken again by `cnclip index` and `cnclip duplicates --hash-missing` (and compared
+as it is meanwhile: docs/duplicates.md "After upgrading").
 
 `HAMMING_THRESHOLD` (bits) was measured by `python -m demo.duplicate_threshold`: on photo-like pictures
 (1/f noise, the spectrum of natural photos) and the demo gallery, see docs/duplicates.md.
@@ -24,6 +31,7 @@ from PIL import Image
 from retrieval.errors import InvalidImage
 from retrieval.preprocess import DEFAULT_MAX_BYTES, DEFAULT_MAX_PIXELS, decode_image
 
+PHASH_VERSION = 2  # how the stored hashes were taken (see above); a new definition takes the next number
 HAMMING_THRESHOLD = 6  # bits (of 64): at most this far apart is "the same picture"
 HASH_SIDE = 32  # pixels the DCT looks at
 LOW_FREQUENCIES = 8  # 8×8 coefficients → 64 bits
@@ -49,17 +57,23 @@ def phash_of_image(image: Image.Image) -> int:
     return int(np.packbits(bits).view(">i8")[0])
 
 
-def phash_of_bytes(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES, max_pixels: int = DEFAULT_MAX_PIXELS) -> int | None:
-    """The perceptual hash of encoded image bytes, or None when they cannot be decoded (such an
-    image is never embedded either, so nothing is lost)."""
-    try:
-        image = decode_image(data, max_bytes, max_pixels, draft=2 * HASH_SIDE)
-    except InvalidImage:
-        return None
+def phash_or_none(image: Image.Image) -> int | None:
+    """`phash_of_image`, or None for a mode Pillow cannot turn into greyscale."""
     try:
         return phash_of_image(image)
-    except (OSError, ValueError):  # a mode Pillow cannot turn into greyscale
+    except (OSError, ValueError):
         return None
+
+
+def phash_of_bytes(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES, max_pixels: int = DEFAULT_MAX_PIXELS) -> int | None:
+    """The perceptual hash of encoded image bytes, or None when they cannot be decoded (such an
+    image is never embedded either, so nothing is lost). A caller that decodes the image anyway
+    hashes its decode (`phash_or_none`): the value is the same."""
+    try:
+        image = decode_image(data, max_bytes, max_pixels)
+    except InvalidImage:
+        return None
+    return phash_or_none(image)
 
 
 _POPCOUNT16 = np.array([bin(i).count("1") for i in range(1 << 16)], dtype=np.uint8)

@@ -165,7 +165,7 @@ class FileState:
     # When the row last recorded the file (epoch seconds): a file whose inode changed after that
     # (st_ctime, which no user can set back) is read again even with its old size and mtime.
     recorded_at: float | None = None
-    has_phash: bool = True  # False: indexed before perceptual hashes existed (the next run hashes it)
+    has_phash: bool = True  # False: no perceptual hash of this version yet (the next run hashes it)
     root: str | None = None  # the folder it was indexed from (`cnclip index --prune` checks it is there)
 
 

@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from indexer.domain.perceptual import phash_of_bytes
+from indexer.domain.perceptual import phash_of_bytes, phash_or_none
 from indexer.domain.records import AddResult, CollectionState, NewImage, NewText
 from indexer.domain.taken import taken_from
 from indexer.errors import GenerationMoved
@@ -25,8 +25,10 @@ from indexer.service.migration_cases import SWAP_RETRIES, MigrationCases
 from indexer.service.ports import ItemStore
 from indexer.service.resolver import CollectionResolver
 from indexer.service.texts import TextCases
+from retrieval.encoder import LocalEncoder
 from retrieval.errors import InvalidImage
 from retrieval.preprocess import ImageHeader, read_header
+from retrieval.types import Encoder
 
 TEXT_BATCH = 64  # texts per encoder call when adding many
 
@@ -127,8 +129,9 @@ class WriteCases:
         reading = asyncio.ensure_future(self.texts.read(target, [data]))  # OCR beside the embedding
         try:
             for attempt in range(SWAP_RETRIES + 1):  # a swap (or the collection re-created) meanwhile: embed again
-                vectors = await warm(self.migration.encoder_for(target)).embed_images([data])
-                image = image or self.complete(NewImage(data=data, caption=caption, tags=list(tags)), header)
+                vectors, phash = await embed_hashing(warm(self.migration.encoder_for(target)), data)
+                new = NewImage(data=data, caption=caption, tags=list(tags), phash=phash)
+                image = image or self.complete(new, header)
                 try:
                     [added] = await off_loop(self.add_images, target, [image], vectors, vector_key=target.vector_key)
                     await off_loop(self.texts.store, target, [added], await reading)
@@ -158,3 +161,13 @@ class WriteCases:
                         raise
                     target = await off_loop(self.resolver.writable, target.name, "texts")
         return added
+
+
+async def embed_hashing(encoder: Encoder, data: bytes) -> tuple[np.ndarray, int | None]:
+    """An upload's vectors and, from the decode its pixels come from, its perceptual hash (the local
+    encoder's; any other decodes elsewhere, and `WriteCases.complete` hashes the bytes)."""
+    if not isinstance(encoder, LocalEncoder):
+        return await encoder.embed_images([data]), None
+    hashes: dict[int, int | None] = {}
+    vectors = await encoder.embed_images([data], on_decoded=lambda i, image: hashes.update({i: phash_or_none(image)}))
+    return vectors, hashes.get(0)

@@ -1,7 +1,7 @@
 """What runs on the cluster's nodes during `cnclip index --ray`: the read stage (Ray tasks) and the
 embed stage (Ray actors). Both are the local pipeline's own parts (indexer/bulk/pipeline.py), moved:
 a task reads, hashes, probes and dates a file exactly as a reader thread does (indexer/bulk/reading.py),
-then decodes and preprocesses it exactly as the encoder does (retrieval/preprocess.py, the model's
+decoding and preprocessing it exactly as the encoder does (retrieval/preprocess.py, the model's
 manifest); an actor holds one started encoder of the model (its sessions, planned by that node's
 tuning file when it has one) and turns the pixels into vectors. Nothing here touches the catalog:
 the driver routes and commits (indexer/bulk/cluster/indexer.py).
@@ -22,11 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-from indexer.bulk.reading import PreparedFile, read_file
+from indexer.bulk.reading import PreparedFile, pixels_and_hash, read_file
 from retrieval.config import RuntimeSettings
-from retrieval.errors import InvalidImage
 from retrieval.manifest import ModelManifest
-from retrieval.preprocess import preprocess_image
+from retrieval.preprocess import ImagePreprocessor
 
 Batch = dict[str, np.ndarray]
 
@@ -42,23 +41,23 @@ def read_and_preprocess(batch: Batch, *, model_dir: str, max_bytes: int, max_pix
     outcomes, as in a local run), and the images decoded into the model's input."""
     manifest = _manifest(model_dir)
     shape = (3, manifest.image_size, manifest.image_size)
+    preprocess = ImagePreprocessor(manifest.image_size, manifest.mean, manifest.std, max_bytes, max_pixels)
+    decode = functools.partial(pixels_and_hash, preprocess)
     outcomes: list[bytes] = []
     pixels = np.zeros((len(batch["job"]), *shape), dtype=np.float32)
     has_pixels = np.zeros(len(batch["job"]), dtype=bool)
     positions = np.zeros(len(batch["job"]), dtype=np.int64)
     for row, job in enumerate(batch["job"]):
         positions[row], entry, state = pickle.loads(job)
-        # Every file's perceptual hash: the driver alone knows which bytes the collection has, and
-        # a file it moves instead of embedding merely wastes the hash.
-        outcome: PreparedFile | tuple[str, str] | None = read_file(entry, state, None, _always, max_bytes)
+        # Every file decoded and perceptually hashed (one decode): the driver alone knows which bytes
+        # the collection has, and a file it moves instead of embedding merely wastes the work.
+        outcome: PreparedFile | tuple[str, str] | None = read_file(entry, state, decode, _always, max_bytes)
         if isinstance(outcome, PreparedFile):
-            try:
-                pixels[row] = preprocess_image(
-                    outcome.data, manifest.image_size, manifest.mean, manifest.std, max_bytes, max_pixels
-                )
+            if outcome.decode_error is not None:  # what the encoder would refuse: a bad file, as in a local run
+                outcome = (str(entry.path), outcome.decode_error)
+            elif outcome.pixels is not None:
+                pixels[row], outcome.pixels = outcome.pixels, None  # the pixels travel in their own column
                 has_pixels[row] = True
-            except InvalidImage as exc:  # what the encoder would refuse: a bad file, as in a local run
-                outcome = (str(entry.path), exc.message)
         outcomes.append(pickle.dumps(outcome))
     return {
         "position": positions,

@@ -21,6 +21,7 @@ from indexer.fs.file_names import to_sql
 ITEM_COLUMNS = (
     "id", "collection_id", "path", "root", "sha256", "size", "mime", "width", "height", "caption", "tags",
     "extra", "mtime", "created_at", "updated_at", "version", "taken_at", "taken_source", "phash",
+    "phash_version",
 )  # fmt: skip
 _PATH_COLUMNS = {"path", "root"}  # as models.FilePath writes them: undecodable bytes round-trip
 _JSON_COLUMNS = {"tags", "extra"}

@@ -15,10 +15,11 @@ import os
 from collections.abc import Sequence
 
 import numpy as np
-from sqlalchemy import Engine, func, insert, select, update
+from sqlalchemy import ColumnElement, Engine, and_, func, insert, select, update
 from sqlalchemy.orm import Session
 
 from indexer.domain.duplicates import FileCopy
+from indexer.domain.perceptual import PHASH_VERSION
 from indexer.domain.values import chunks
 from indexer.storage.sql.copy_rows import forget_copy_paths
 from indexer.storage.sql.deletion_rows import bump_version
@@ -84,7 +85,7 @@ def copies_by_item(engine: Engine, collection_id: int) -> dict[int, list[FileCop
 
 
 def set_phashes(engine: Engine, collection_id: int, updates: Sequence[tuple[int, int]]) -> int:
-    """Record (item id, perceptual hash) for items indexed before hashes existed; returns the version
+    """Record (item id, perceptual hash of this `PHASH_VERSION`) for items without one; returns the version
     written (the rows are stamped with it, so a cached duplicates answer knows it is stale)."""
     with writer_slot(engine), Session(engine) as session:
         version = bump_version(session, collection_id)
@@ -92,7 +93,7 @@ def set_phashes(engine: Engine, collection_id: int, updates: Sequence[tuple[int,
             session.execute(
                 update(ItemRow)
                 .where(ItemRow.id == item_id, ItemRow.collection_id == collection_id)
-                .values(phash=phash, version=version)
+                .values(phash=phash, phash_version=PHASH_VERSION, version=version)
             )
         session.commit()
     return version
@@ -111,11 +112,16 @@ def hashed_items(engine: Engine, collection_id: int) -> tuple[np.ndarray, np.nda
     return ids, np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows))
 
 
+def current_hash() -> ColumnElement[bool]:
+    """An item has a perceptual hash taken by this `PHASH_VERSION`. Never NULL (its negation selects
+    the rest): a NULL version is a hash taken before revision 0009, version 1."""
+    return and_(ItemRow.phash.is_not(None), func.coalesce(ItemRow.phash_version, 1) == PHASH_VERSION)
+
+
 def unhashed_ids(engine: Engine, collection_id: int) -> list[int]:
-    """Ids of the collection's items without a perceptual hash, in order."""
-    query = (
-        select(ItemRow.id).where(ItemRow.collection_id == collection_id, ItemRow.phash.is_(None)).order_by(ItemRow.id)
-    )
+    """Ids of the collection's items without a perceptual hash of this version, in order: what
+    `cnclip duplicates --hash-missing` hashes (again)."""
+    query = select(ItemRow.id).where(ItemRow.collection_id == collection_id, ~current_hash()).order_by(ItemRow.id)
     with Session(engine) as session:
         return [int(i) for i in session.scalars(query)]
 

@@ -22,6 +22,7 @@ from sqlalchemy import (
     Index,
     Integer,
     LargeBinary,
+    SmallInteger,
     String,
     Text,
     UniqueConstraint,
@@ -122,6 +123,8 @@ class ItemRow(Base):
     # 64-bit perceptual hash (indexer/domain/perceptual.py), signed. NULL for texts, and for images indexed
     # before revision 0004 until `cnclip index` reads them again.
     phash: Mapped[int | None] = mapped_column(BigInteger)
+    # The `PHASH_VERSION` that took it; NULL beside a hash taken before revision 0009 (version 1).
+    phash_version: Mapped[int | None] = mapped_column(SmallInteger)
 
 
 class DeletedItemRow(Base):

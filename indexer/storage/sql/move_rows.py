@@ -24,6 +24,7 @@ from indexer.domain.records import FileMoves, FileState, TakenSource
 from indexer.domain.values import chunks, naive_utc
 from indexer.storage.sql.copy_rows import forget_copy_paths
 from indexer.storage.sql.deletion_rows import bump_version, delete_rows
+from indexer.storage.sql.duplicate_rows import current_hash
 from indexer.storage.sql.lock_order import writer_slot
 from indexer.storage.sql.models import ItemCopyRow, ItemRow, utcnow
 from indexer.storage.sql.rows import ItemRows, _epoch
@@ -108,7 +109,7 @@ def files_with(engine: Engine, collection_id: int, shas: Sequence[str]) -> dict[
     columns = (ItemRow.path, ItemRow.id, ItemRow.sha256, ItemRow.size, ItemRow.mtime, ItemRow.taken_at.is_not(None))
     with Session(engine) as session:
         for part in chunks(sorted(set(shas))):
-            query = select(*columns, ItemRow.updated_at, ItemRow.phash.is_not(None)).where(
+            query = select(*columns, ItemRow.updated_at, current_hash()).where(
                 ItemRow.collection_id == collection_id, ItemRow.sha256.in_(part), ItemRow.path.is_not(None)
             )
             for path, item_id, sha, size, mtime, dated, updated, hashed in session.execute(query):

@@ -20,8 +20,9 @@ from indexer.storage.sql.models import DeletedItemRow, ItemRow, ItemTagRow, Vect
 
 # Every column a bulk insert names (a multi-row INSERT needs the same keys in every row).
 _EMPTY_ITEM: dict[str, Any] = dict.fromkeys(
-    ("path", "root", "size", "mime", "width", "height", "caption", "mtime", "taken_at", "taken_source", "phash")
-)
+    ("path", "root", "size", "mime", "width", "height", "caption", "mtime", "taken_at", "taken_source", "phash",
+     "phash_version"),
+)  # fmt: skip
 
 
 def known_shas(session: Session, collection_id: int, shas: set[str]) -> dict[str, int]:

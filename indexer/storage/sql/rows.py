@@ -44,6 +44,7 @@ from indexer.domain.values import aware, chunks, vector_matrix
 from indexer.storage.media.sweep import remove_unused_copies
 from indexer.storage.sql.copy_rows import forget_copy_paths
 from indexer.storage.sql.deletion_rows import bump_collection, delete_committed, delete_rows, uploads_in_use_on
+from indexer.storage.sql.duplicate_rows import current_hash
 from indexer.storage.sql.item_filters import filter_conditions
 from indexer.storage.sql.lock_order import writer_slot
 from indexer.storage.sql.models import CollectionRow, DeletedItemRow, ItemRow, VectorRow, utcnow
@@ -317,7 +318,7 @@ class ItemRows:
             ItemRow.mtime,
             ItemRow.taken_at.is_not(None),
             ItemRow.updated_at,
-            ItemRow.phash.is_not(None),
+            current_hash(),
             ItemRow.root,
         ).where(ItemRow.collection_id == collection_id, ItemRow.path.is_not(None))
         with Session(self.engine) as session:

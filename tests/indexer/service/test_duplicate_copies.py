@@ -1,12 +1,13 @@
 """What `cnclip index` records for near-duplicate groups, on SQLite and PostgreSQL: a second file with
 the same bytes is a copy of the item (the identical tier) until it goes away (--prune), the original
 goes (the copy becomes the item), the copy changes (it becomes an item of its own) or a user deletes
-the item; the perceptual hash of every embedded file, and of files indexed before hashes existed
-(nothing embedded again)."""
+the item; the perceptual hash of every embedded file, and of files indexed before hashes existed or
+hashed by an earlier hash version (nothing embedded again)."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import shutil
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from sqlalchemy import text
 from demo.duplicate_threshold import encoded, photo_like
 from indexer.bulk.pipeline import ImageIndexer, IndexSummary
 from indexer.domain.duplicates import DuplicatesPage
+from indexer.domain.perceptual import PHASH_VERSION, phash_of_bytes
 from indexer.service.collections import CollectionService
 from indexer.storage.catalog import SqlCatalog
 from indexer.storage.sql import duplicate_rows
@@ -174,3 +176,42 @@ def test_hash_missing_reads_uploads_from_their_copies_and_skips_changed_files(
     state = catalog.collection("photos")
     [left] = duplicate_rows.unhashed_ids(catalog.engine, state.id)
     assert Path(catalog.get(left).path or "").name == "b.jpg"
+
+
+def test_hashes_of_an_earlier_version_are_compared_meanwhile_and_taken_again(
+    catalog: SqlCatalog, tmp_path: Path
+) -> None:
+    """Revision 0009: a hash stored before it (version 1, `phash_version` NULL) still counts as a hash —
+    `unhashed` stays 0 and it is compared — until `cnclip index` of its folder (nothing embedded again)
+    or `--hash-missing` (uploads too) takes it at this version."""
+    from indexer.domain.records import NewImage
+    from tests.support.indexer_helpers import random_unit
+
+    service = counting_service(catalog)
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    files = {"a.jpg": encoded(photo_like(0, (800, 600)), quality=90), "b.jpg": jpeg(2)}
+    for name, data in files.items():
+        (folder / name).write_bytes(data)
+    run(service, folder)
+    upload = encoded(photo_like(2, (800, 600)), quality=90)
+    service.writes.add_images("photos", [NewImage(upload)], random_unit(1, 16))
+    state = catalog.collection("photos")
+    with catalog.engine.begin() as connection:  # as revision 0009 leaves a catalog: version 1, hash kept
+        connection.execute(text("UPDATE items SET phash_version = NULL, phash = 12345"))
+    assert service.duplicates.page("photos", budget_s=None).unhashed == 0
+    assert sorted(duplicate_rows.hashed_items(catalog.engine, state.id)[1]) == [12345] * 3  # compared meanwhile
+    assert len(duplicate_rows.unhashed_ids(catalog.engine, state.id)) == 3
+
+    embedded = service.encoder.images  # type: ignore[attr-defined]
+    summary = run(service, folder)
+    assert (summary.hashed, summary.embedded) == (2, 0) and service.encoder.images == embedded  # type: ignore[attr-defined]
+    assert run(service, folder).hashed == 0  # taken at this version: not read again
+    assert service.duplicates.hash_missing("photos") == 1  # the upload
+    with catalog.engine.connect() as connection:
+        rows = connection.execute(text("SELECT sha256, phash, phash_version FROM items")).all()
+    expected = {hashlib.sha256(data).hexdigest(): phash_of_bytes(data) for data in [*files.values(), upload]}
+    assert {sha: (phash, version) for sha, phash, version in rows} == {
+        sha: (phash, PHASH_VERSION) for sha, phash in expected.items()
+    }
+    assert duplicate_rows.unhashed_ids(catalog.engine, state.id) == []
