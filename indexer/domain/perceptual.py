@@ -3,16 +3,19 @@ gets (nearly) the same 64 bits, so near-identical pictures are found by Hamming 
 
 The hash (pHash, no dependency beyond numpy and Pillow): decode at full scale, as the encoder does
 (`retrieval.preprocess.decode_image`), apply the EXIF orientation, greyscale, resize to 32×32 (a box
-reduction, then LANCZOS), take the 8×8 lowest frequencies of its 2-D DCT-II (two matrix products), and
+reduction by a power of two, then LANCZOS), take the 8×8 lowest frequencies of its 2-D DCT-II (two matrix products), and
 set a bit for each coefficient above their median. Stored as a signed 64-bit integer (`items.phash`,
 SQL has no unsigned BIGINT) with the `PHASH_VERSION` it was taken by (`items.phash_version`); NULL for
 texts and for images indexed before revision 0004 until `cnclip index` reads them.
 
-Version 2 (revision 0009) decodes at full scale so that `cnclip index` takes the hash from the very
-decode the encoder's pixels come from (issue 34: the second decode cost ~2.8 ms of ~15 per photo).
-Version 1 decoded JPEGs at 1/8 scale: the same picture's two hashes differ by 0–4 bits, so a hash of
-another version is taken again by `cnclip index` and `cnclip duplicates --hash-missing` (and compared
-as it is meanwhile: docs/duplicates.md "After upgrading").
+Version 2 (revision 0009) decodes at full scale so that `cnclip index` and uploads take the hash from
+the very decode the encoder's pixels come from (issue 34: the second decode cost 3.5 ms of a 1024×768
+photo, 42 ms of a 12 MP one). Version 1 decoded JPEGs at a reduced scale (1/2 to 1/8, Pillow's draft);
+the power-of-two box reduction lands on the same grid, yet the same picture's two hashes can differ
+(0 bits for 173 of 200 photo-like JPEGs of random sizes, 2 for 26, 4 for 1), so a hash of another
+version is taken again by `cnclip index` and `cnclip duplicates --hash-missing` (and compared as it is
+meanwhile: docs/duplicates.md "After upgrading"). Hashing bytes alone (`phash_of_bytes`: those
+backfills, a remote encoder's runs) costs a full decode now: 4.9 ms / 102 ms for those two photos.
 
 `HAMMING_THRESHOLD` (bits) was measured by `python -m demo.duplicate_threshold`: on photo-like pictures
 (1/f noise, the spectrum of natural photos) and the demo gallery, see docs/duplicates.md.
@@ -48,8 +51,10 @@ def phash_of_image(image: Image.Image) -> int:
     """The 64-bit perceptual hash of a decoded image, as a signed 64-bit integer."""
     grey = image.convert("L")
     if min(grey.size) >= 4 * HASH_SIDE:
-        # A cheap box reduction first: LANCZOS straight from a full-size photo costs ~10x more.
-        factor = min(grey.size) // (2 * HASH_SIDE)
+        # A cheap box reduction first (LANCZOS straight from a full-size photo costs ~10x more), by a
+        # power of two: a picture and its copy at half or double the size meet on the same grid (any
+        # factor: up to 6 bits apart for double-size copies of photo-like pictures; this: 2).
+        factor = 1 << ((min(grey.size) // (2 * HASH_SIDE)).bit_length() - 1)
         grey = grey.reduce(factor)
     pixels = np.asarray(grey.resize((HASH_SIDE, HASH_SIDE), Image.Resampling.LANCZOS), dtype=np.float64)
     low = _DCT @ pixels @ _DCT.T

@@ -114,7 +114,10 @@ def test_the_hash_from_the_shared_decode_is_the_hash_of_the_bytes(settings: Sett
     """Uploads and bulk-indexed files store the value `phash_of_bytes` gives (the backfill's and a remote
     encoder's path), stamped with the hash version, though no second decode took it. The pictures are
     ones whose hash at version 1's reduced scale differs: a hash from any other decode would show."""
-    pictures = [encoded(photo_like(seed, (800, 600)), quality=90) for seed in (0, 2, 11)]
+    pictures = [
+        encoded(photo_like(seed, size), quality=90)
+        for seed, size in [(1, (801, 601)), (11, (900, 500)), (14, (1000, 700))]
+    ]
     assert all(phash_or_none(decode_image(p, draft=64)) != phash_of_bytes(p) for p in pictures)
     folder = tmp_path / "photos"
     folder.mkdir()

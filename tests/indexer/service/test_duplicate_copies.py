@@ -190,11 +190,11 @@ def test_hashes_of_an_earlier_version_are_compared_meanwhile_and_taken_again(
     service = counting_service(catalog)
     folder = tmp_path / "photos"
     folder.mkdir()
-    files = {"a.jpg": encoded(photo_like(0, (800, 600)), quality=90), "b.jpg": jpeg(2)}
+    files = {"a.jpg": encoded(photo_like(1, (801, 601)), quality=90), "b.jpg": jpeg(2)}
     for name, data in files.items():
         (folder / name).write_bytes(data)
     run(service, folder)
-    upload = encoded(photo_like(2, (800, 600)), quality=90)
+    upload = encoded(photo_like(11, (900, 500)), quality=90)
     service.writes.add_images("photos", [NewImage(upload)], random_unit(1, 16))
     state = catalog.collection("photos")
     with catalog.engine.begin() as connection:  # as revision 0009 leaves a catalog: version 1, hash kept
