@@ -25,7 +25,6 @@ from sqlalchemy import Engine
 
 from indexer.domain.index_spec import parse_index
 from indexer.domain.names import check_collection_name
-from indexer.domain.perceptual import PHASH_VERSION
 from indexer.domain.records import (
     AddResult,
     CollectionInfo,
@@ -185,8 +184,7 @@ class SqlCatalog:
             fields.update(mime=mime, width=width, height=height, caption=image.caption)
             fields.update(mtime=image.mtime, taken_source=image.taken_source)
             fields.update(taken_at=naive_utc(image.taken_at) if image.taken_at else None)
-            fields.update(phash=image.phash, phash_version=PHASH_VERSION if image.phash is not None else None)
-            fields.update(size=len(image.data) if image.size is None else image.size)
+            fields.update(phash=image.phash, size=len(image.data) if image.size is None else image.size)
             rows.append({**fields, "tags": list(image.tags), "extra": dict(image.extra), "data": image.data})
         return self._add(collection, rows, vectors, replace, vector_key, bulk)
 

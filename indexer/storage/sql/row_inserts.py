@@ -11,6 +11,7 @@ import numpy as np
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
+from indexer.domain.perceptual import PHASH_VERSION
 from indexer.domain.records import AddResult, CollectionState
 from indexer.domain.values import chunks
 from indexer.errors import GenerationMoved
@@ -20,9 +21,8 @@ from indexer.storage.sql.models import DeletedItemRow, ItemRow, ItemTagRow, Vect
 
 # Every column a bulk insert names (a multi-row INSERT needs the same keys in every row).
 _EMPTY_ITEM: dict[str, Any] = dict.fromkeys(
-    ("path", "root", "size", "mime", "width", "height", "caption", "mtime", "taken_at", "taken_source", "phash",
-     "phash_version"),
-)  # fmt: skip
+    ("path", "root", "size", "mime", "width", "height", "caption", "mtime", "taken_at", "taken_source", "phash")
+)
 
 
 def known_shas(session: Session, collection_id: int, shas: set[str]) -> dict[str, int]:
@@ -99,6 +99,7 @@ class NewRows:
             store_media(self.media_dir, sha, row["mime"], data)
         self.first_of_sha[sha] = len(self.values)
         values = {**_EMPTY_ITEM, **row, "collection_id": self.collection.id, "version": self.version}
+        values["phash_version"] = None if values["phash"] is None else PHASH_VERSION  # a hash is taken by this code
         self.values.append({**values, "created_at": self.now, "updated_at": self.now})
         self.positions.append(position)
         self.results.append(AddResult(-1 - self.first_of_sha[sha], True))
