@@ -10,13 +10,16 @@ Per photo (photo-like JPEGs, quality 90, 1024×768 and 4032×3024), ms, interlea
   top of "pixels" before revision 0009;
 - "v2 hash of bytes": `phash_of_bytes` (a full-scale decode): backfills and a remote encoder's runs.
 Then the Hamming distance between the two versions' hashes of the same picture, for `--pictures`
-photo-like JPEGs of random sizes (150–2600 px a side) and qualities (60–96).
+photo-like JPEGs of random sizes (150–2600 px a side) and qualities (60–96); and each version's
+distances between a picture and its edits, and between distinct pictures (demo/duplicate_threshold.py's
+measure, 100 photo-like pictures and 100 of the demo gallery).
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import json
 import statistics
 import sys
 import time
@@ -28,17 +31,22 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.machine import machine  # noqa: E402
-from demo.duplicate_threshold import encoded, photo_like  # noqa: E402
+from demo import dataset  # noqa: E402
+from demo.duplicate_threshold import encoded, hash_distances, photo_like  # noqa: E402
 from indexer.bulk.reading import pixels_and_hash  # noqa: E402
-from indexer.domain.perceptual import hamming, phash_of_bytes, phash_or_none  # noqa: E402
+from indexer.domain.perceptual import HASH_SIDE, hamming, phash_of_bytes, phash_or_none  # noqa: E402
 from retrieval.preprocess import ImagePreprocessor, decode_image  # noqa: E402
 
 SIZES = ((1024, 768), (4032, 3024))
 
 
 def version_1(data: bytes) -> int | None:
-    """Version 1's hash: the same steps on a JPEG decoded at a reduced scale (Pillow's draft, ≥ 64 px)."""
-    return phash_or_none(decode_image(data, draft=64))
+    """Version 1's hash: a JPEG decoded at a reduced scale (Pillow's draft, ≥ 64 px), greyscale, a box
+    reduction by any factor to 64–127 px (version 2: by a power of two), then the same steps."""
+    grey = decode_image(data, draft=2 * HASH_SIDE).convert("L")
+    if min(grey.size) >= 4 * HASH_SIDE:
+        grey = grey.reduce(min(grey.size) // (2 * HASH_SIDE))
+    return phash_or_none(grey)  # under 128 px: no further reduction
 
 
 def costs(rounds: int) -> None:
@@ -78,6 +86,14 @@ def agreement(pictures: int) -> None:
     print(f"version 1 vs 2 of the same picture, {pictures} photo-like JPEGs: {spread}")
 
 
+def quality() -> None:
+    photos = [photo_like(seed) for seed in range(100)]
+    gallery = [scene.image() for scene in dataset.demo_gallery(100)]
+    for name, phash in (("version 1", version_1), ("version 2", phash_of_bytes)):
+        measured = {"photo-like": hash_distances(photos, phash), "demo gallery": hash_distances(gallery, phash)}
+        print(f"{name}: {json.dumps(measured)}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=5)
@@ -86,6 +102,7 @@ def main() -> None:
     print(machine(), flush=True)
     costs(args.rounds)
     agreement(args.pictures)
+    quality()
 
 
 if __name__ == "__main__":

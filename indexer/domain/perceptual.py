@@ -11,13 +11,13 @@ index` reads them.
 
 Version 2 (revision 0009) decodes at full scale so that `cnclip index` and uploads take the hash from
 the very decode the encoder's pixels come from (issue 34: the second decode cost 3.6 ms for a 1024×768
-photo, 43 ms for a 12 MP one; hashing the shared decode ~1 ms and 10–30 ms: benchmarks/bench_phash.py).
+photo, 42 ms for a 12 MP one; hashing the shared decode 0.6 ms and 17 ms: benchmarks/bench_phash.py).
 Version 1 decoded JPEGs at a reduced scale (1/2 to 1/8, Pillow's draft); the power-of-two box
-reduction lands on the same grid, yet the same picture's two hashes can differ (0 bits for 173 of 200
-photo-like JPEGs of random sizes, 2 for 26, 4 for 1), so a hash of another version is taken again by
+reduction lands on the same grid, yet the same picture's two hashes can differ (0 bits for 160 of 200
+photo-like JPEGs of random sizes, 2 for 38, 4 for 2), so a hash of another version is taken again by
 `cnclip index` and `cnclip duplicates --hash-missing` (and compared as it is meanwhile:
 docs/duplicates.md "After upgrading"). Hashing bytes alone (`phash_of_bytes`: those backfills, a
-remote encoder's runs) costs a full decode now: 5.4 ms / 105 ms for those two photos.
+remote encoder's runs) costs a full decode now: 5.1 ms / 103 ms for those two photos.
 
 `HAMMING_THRESHOLD` (bits) was measured by `python -m demo.duplicate_threshold`: on photo-like pictures
 (1/f noise, the spectrum of natural photos) and the demo gallery, see docs/duplicates.md.
