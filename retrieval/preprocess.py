@@ -279,7 +279,7 @@ def _decode_opened(image: Image.Image, draft: int | None, transpose: bool = True
         if draft is not None:
             image.draft(image.mode, (draft, draft))  # the same mode: only the scale changes
         image.load()
-        if transpose:  # in place: otherwise an upright image is copied whole (~10 ms for 12 MP)
+        if transpose:  # in place: otherwise an upright image is copied whole (36 MB for a 12 MP photo)
             ImageOps.exif_transpose(image, in_place=True)
     except _DECODE_ERRORS as exc:
         raise InvalidImage(f"the image data is corrupt or truncated: {exc}") from exc
