@@ -17,14 +17,14 @@ from typing import Any
 
 import numpy as np
 import pytest
-from pymilvus import MilvusClient
+from pymilvus import DataType, MilvusClient
 
 from api.config import Settings
 from indexer.domain.records import SearchFilters
 from indexer.storage.vectors.base import ItemAttrs, SearchTuning, StoreSpec, VectorStoreIncompatible
 from indexer.storage.vectors.milvus import plan as milvus_plan
 from indexer.storage.vectors.milvus.plan import LITE, filter_arguments, is_permanent, server_capabilities
-from indexer.storage.vectors.milvus.store import MilvusEngine, collection_name
+from indexer.storage.vectors.milvus.store import FIELDS, MilvusEngine, collection_name
 from retrieval.fake import FakeEncoder
 from tests.support.api_helpers import api_client
 from tests.support.indexer_helpers import jpeg
@@ -185,4 +185,31 @@ def test_listing_ids_on_a_2_3_server_prints_no_mvcc_warning(
         assert "mvccTs" not in capfd.readouterr().err and "mvccTs" not in caplog.text
     finally:
         engine.drop(spec("quiet1"))
+        engine.close()
+
+
+@pytest.mark.parametrize("where", ["lite", "server"])
+def test_a_collection_left_without_an_index_by_a_killed_create_is_made_again(
+    where: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Creating a collection is three calls (collection, index, load); SIGKILL between the first two (seen
+    in tests/system/test_crash_safety_milvus.py) left a collection that every later open failed to load
+    ("index not found"), an outage no retry cured."""
+    uri = str(tmp_path / "lite.db") if where == "lite" else request.getfixturevalue("milvus_server_uri")
+    engine = MilvusEngine(uri, "", SearchTuning())
+    try:
+        client = engine.client()
+        schema = client.create_schema(auto_id=False, enable_dynamic_field=False)
+        schema.add_field("id", DataType.INT64, is_primary=True)
+        schema.add_field("vector", DataType.FLOAT_VECTOR, dim=DIM)
+        properties = {"cnclip.model": "fake", "cnclip.dim": str(DIM), "cnclip.index": "Flat", "cnclip.fields": FIELDS}
+        client.create_collection(collection_name(spec("k")), schema=schema, properties=properties)  # the first call
+        assert not client.list_indexes(collection_name(spec("k")))
+        store = engine.open(spec("k"), no_vectors, lambda _: np.empty(0))
+        assert store.problem == "it had no index: a create that did not finish"
+        unit = np.eye(DIM, dtype=np.float32)[:3]
+        store.upsert(np.array([1, 2, 3]), unit, [ItemAttrs("image/jpeg", (), datetime(2026, 1, 1))] * 3)
+        assert store.search(unit[1], 1)[0][0] == 2
+        assert engine.open(spec("k"), no_vectors, lambda _: np.empty(0)).problem is None  # now whole
+    finally:
         engine.close()

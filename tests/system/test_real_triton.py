@@ -12,6 +12,7 @@ import asyncio
 import gzip
 import json
 import re
+import time
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -140,14 +141,19 @@ def test_concurrent_requests_are_batched_by_triton(triton: RealTriton) -> None:
                 tensor.set_data_from_numpy(row[None])
                 return (await client.infer("cnclip_text", [tensor])).as_numpy("text_features")[0]
 
-            before = await client.get_inference_statistics("cnclip_text")
+            async def counts() -> tuple[int, int]:
+                stats = (await client.get_inference_statistics("cnclip_text"))["model_stats"][0]
+                return int(stats["inference_count"]), int(stats["execution_count"])
+
+            before = await counts()
             vectors = await asyncio.gather(*(one(row) for row in ids))
-            after = await client.get_inference_statistics("cnclip_text")
+            # Triton counts a request after its answer is sent: the last few may lag the answers a moment.
+            deadline = time.monotonic() + 10
+            while (after := await counts())[0] - before[0] < len(ids) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
         finally:
             await client.close()
-        counts = [s["model_stats"][0] for s in (before, after)]
-        items = counts[1]["inference_count"] - counts[0]["inference_count"]
-        executions = counts[1]["execution_count"] - counts[0]["execution_count"]
+        items, executions = after[0] - before[0], after[1] - before[1]
         assert items == 48 and executions < 48, f"{items} items in {executions} executions: nothing was batched"
         return vectors
 

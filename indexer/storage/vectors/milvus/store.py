@@ -287,7 +287,7 @@ class MilvusEngine:
 
     def open(self, spec: StoreSpec, fetch: FetchVectors, filter_ids: FilterIds) -> MilvusStore:
         """The collection as Milvus holds it, created empty when missing and remade when its
-        properties disagree with SQL (sync.py then fills it from SQL)."""
+        properties disagree with SQL or it has no index (sync.py then fills it from SQL)."""
         plan = plan_index(spec.index, spec.dim, self.capabilities())
         store = MilvusStore(self, spec, plan, fetch)
         client = self.client()
@@ -300,11 +300,18 @@ class MilvusEngine:
         if self.call(lambda: client.has_collection(store.name)):
             properties = self.call(lambda: client.describe_collection(store.name)).get("properties", {})
             held = {key: properties.get(key) for key in PROPERTY_KEYS}
-            if held == wanted:
+            # Creating is three calls (collection, index, load): a process killed between the first two
+            # leaves a collection, empty, that no load accepts ("index not found") — made again.
+            indexed = held == wanted and bool(self.call(lambda: client.list_indexes(store.name)))
+            if indexed:
                 self.call(lambda: client.load_collection(store.name))
                 return store
             self.call(lambda: client.drop_collection(store.name))
-            store.problem = f"the Milvus collection held {held}, not {wanted}"
+            store.problem = (
+                f"the Milvus collection held {held}, not {wanted}"
+                if held != wanted
+                else "it had no index: a create that did not finish"
+            )
         self._create(store.name, spec, plan, wanted)
         return store
 
