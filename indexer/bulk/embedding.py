@@ -8,7 +8,7 @@ encoder decoded, a batch's decoding began only once the whole batch had been rea
 time could not be told apart from the model's; here it starts with each file, within the readers'
 bounded window, and is measured on its own (`decode_s`). It costs the same CPU per image as the
 encoder's own decoding (benchmarks/bench_indexing.py `--bytes-pipeline`), and the perceptual hash comes
-from that decode (a second, reduced-scale decode cost ~2.8 ms of a ~15 ms photo). Each decode holds one of the
+from that decode (a second, reduced-scale decode cost 3.6 ms of a 1024×768 photo: benchmarks/bench_phash.py). Each decode holds one of the
 encoder's core permits (`LocalEncoder.core_gate`) while it runs, as the encoder's own decode workers
 do: decoding and the sessions' threads together never run more threads than the cores.
 
