@@ -16,7 +16,7 @@ files to `cnclip_image_bytes`: decoding on the server, Triton's preprocess → c
 `image-tensor` (preprocessed FP32 pixels to `cnclip_image`), and `text-json` (JSON tensors; not by default).
 
 The load comes from Triton's `perf_analyzer` where it runs, else (one line says why) from the
-project's closed-loop client (benchmarks/load_client.py): N clients, each sending its next request
+project's closed-loop client (retrieval/toolchain/http_load.py): N clients, each sending its next request
 when the previous one is answered, one window of `--duration` after `--warmup`; 20,000 distinct
 queries sent in turn through the whole run, so no cell repeats one. All servers run at once and the
 cells are interleaved — every round visits every concurrency × path × server, the servers' order
@@ -46,11 +46,9 @@ from pathlib import Path
 
 import httpx
 import numpy as np
-import tritonclient.http as triton_http
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from benchmarks.load_client import RequestMaker, closed_loop, http_request  # noqa: E402
 from benchmarks.load_setup import random_jpeg  # noqa: E402
 from benchmarks.load_test import OUT_DIR, QUERY_WORDS  # noqa: E402
 from benchmarks.machine import machine  # noqa: E402
@@ -60,6 +58,7 @@ from retrieval.manifest import ModelManifest  # noqa: E402
 from retrieval.preprocess import preprocess_image  # noqa: E402
 from retrieval.text_lengths import split_by_length  # noqa: E402
 from retrieval.tokenizer import tokenize  # noqa: E402
+from retrieval.toolchain.http_load import RequestMaker, binary_body, closed_loop, http_request  # noqa: E402
 from retrieval.triton_names import IMAGE_BYTES_MODEL, IMAGE_MODEL, text_model  # noqa: E402
 from tests.support.cli_server import CliServer  # noqa: E402
 from tests.support.kserve_server import free_port  # noqa: E402
@@ -153,15 +152,6 @@ def photos(count: int, width: int, height: int) -> list[bytes]:
     """Distinct photo-sized JPEGs (the seed's 1024×768 by default): decoding them is part of image-bytes."""
     rng = random.Random(5)
     return [random_jpeg(rng, (width, height)) for _ in range(count)]
-
-
-def binary_body(name: str, datatype: str, data: np.ndarray, output: str) -> tuple[bytes, dict[str, str]]:
-    """A v2 request body with binary tensors (what perf_analyzer and tritonclient send) and its headers."""
-    tensor = triton_http.InferInput(name, list(data.shape), datatype)
-    tensor.set_data_from_numpy(data, binary_data=True)
-    wanted = [triton_http.InferRequestedOutput(output, binary_data=True)]
-    body, json_size = triton_http.InferenceServerClient.generate_request_body([tensor], outputs=wanted)
-    return body, {"Inference-Header-Content-Length": str(json_size), "Content-Type": "application/octet-stream"}
 
 
 def text_ids(server: Server, i: int) -> tuple[str, np.ndarray]:
@@ -371,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     tool = find_perf_analyzer()
     if args.own_client and tool.runs:
         tool = PerfAnalyzer(tool.path, False, f"{tool.note} — not used (--own-client)")
-    load_tool = "perf_analyzer" if tool.runs else "the project's closed-loop client (benchmarks/load_client.py)"
+    load_tool = "perf_analyzer" if tool.runs else "the project's closed-loop client (retrieval/toolchain/http_load.py)"
     started_at, before = dt.datetime.now(dt.UTC), machine()
     with tempfile.TemporaryDirectory(prefix="bench-concurrency-") as scratch, started(args, Path(scratch)) as servers:
         result = measure(args, servers, tool, Path(scratch))

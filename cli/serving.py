@@ -259,7 +259,8 @@ def worker(
     exit_on_bad_model(settings.model_copy(update={"encoder": "local"}))  # the worker always runs the model
     listener = bind_listener(settings.host, port)  # before the model loads
     configure_logging(project_log_level(ctx, log_level), SERVER_FORMAT)
-    typer.echo(f"cnclip worker: model {settings.model_dir}, /v2 on http://{settings.host}:{port}")
+    bound = listener.getsockname()[1]  # `--port 0` binds a free port: say which (`cnclip tune` reads it)
+    typer.echo(f"cnclip worker: model {settings.model_dir}, /v2 on http://{settings.host}:{bound}")
     run_server(create_worker_app(settings), listener, log_level=log_level, **server_options(settings))
 
 

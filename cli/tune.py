@@ -25,7 +25,7 @@ ValidateSeconds = Annotated[
     typer.Option(
         min=0.0,
         help="Seconds per tower, concurrency (1, 8) and pass to check the choice against the defaults "
-        "through the encoder serve runs (in-process); 0 skips the check.",
+        "as serve runs them (a cnclip worker each, over HTTP, one at a time); 0 skips the check.",
     ),
 ]
 AcceptNoise = Annotated[

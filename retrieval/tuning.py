@@ -160,7 +160,7 @@ class TuneReport(_Strict):
     seconds: float = Field(ge=0)
     peak_rss_mb: float = Field(ge=0)  # the whole run's peak resident memory (the quality gate included)
     measure_peak_rss_mb: float = Field(0, ge=0)  # the peak while measuring: ≤ base + largest configuration
-    validate_peak_rss_mb: float = Field(0, ge=0)  # the peak while validating (one encoder open at a time)
+    validate_peak_rss_mb: float = Field(0, ge=0)  # while validating: this process's peak + one worker's
     base_rss_mb: float = Field(0, ge=0)  # resident between configurations (all closed), at its highest
     largest_candidate_mb: float = Field(0, ge=0)  # the most one configuration added while it opened and ran
     measurements: int = Field(1, ge=0, le=100)  # 2: measured again because other work competed

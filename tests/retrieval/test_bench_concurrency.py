@@ -1,4 +1,4 @@
-"""benchmarks/bench_concurrency.py's measuring parts: the closed-loop client (benchmarks/load_client.py)
+"""benchmarks/bench_concurrency.py's measuring parts: the closed-loop client (retrieval/toolchain/http_load.py)
 against a local HTTP server whose delays are known, and perf_analyzer's detection
 (benchmarks/perf_analyzer_check.py) on fake programs: a 2 kB stub, a binary that cannot load, a wrapper
 that answers, and PyPI's package installed without a program."""
@@ -20,9 +20,9 @@ import pytest
 
 from benchmarks import perf_analyzer_check
 from benchmarks.bench_concurrency import Server, distinct_query, perf_analyzer_cell, verdicts
-from benchmarks.load_client import closed_loop, http_request
 from benchmarks.perf_analyzer_check import PerfAnalyzer, find_perf_analyzer, read_csv
 from retrieval.tokenizer import tokenize
+from retrieval.toolchain.http_load import closed_loop, http_request
 
 
 class DelayedHandler(BaseHTTPRequestHandler):
@@ -198,3 +198,14 @@ def test_the_verdicts_name_falling_throughput_and_cells_below_triton() -> None:
     falls, below = verdicts(results)
     assert falls == "throughput falls as concurrency rises: worker text c1→c8"
     assert below == "below Triton: worker text c8"
+
+
+def test_tunes_window_too_short_for_a_slow_server_is_measured_again_longer(delayed_server: tuple[str, int]) -> None:
+    """`cnclip tune`'s validation (retrieval/toolchain/tune/served.py): a 50 ms window cannot hold two
+    answers of a server taking 200 ms each; it is measured again over a longer window, not read as 0/s."""
+    from retrieval.toolchain.tune.served import TowerLoad, Worker, served_rate
+
+    host, port = delayed_server
+    load = TowerLoad("text", lambda i: http_request(host, port, "/delay/200", b"{}"))
+    rate = served_rate(Worker(port, None, Path("unused")), load, 1, 0.05)  # type: ignore[arg-type]
+    assert 2.5 <= rate <= 5.0 + 1 / 0.8  # one client at 200 ms a request: 5/s, less on a busy machine

@@ -142,28 +142,37 @@ def test_serve_ignores_an_untrusted_file_with_one_line(
 def test_a_choice_not_faster_than_the_defaults_keeps_the_defaults(
     toy_model_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Through the encoder `serve` builds: the tuned text tower (fp32 instead of the default int8) is
-    made to measure slower, the image tower (openvino) faster; text goes back to the defaults."""
+    """Through `cnclip worker` processes over HTTP: the tuned text tower (fp32 instead of the default
+    int8) is made to measure slower, the image tower (openvino) faster; text goes back to the defaults."""
     from retrieval.toolchain.tune import validate as validation
 
-    real = validation.measure
+    real = validation.served_rate
     rates = {("text", True): 50, ("text", False): 100, ("image", True): 120, ("image", False): 100}
+    served: list[tuple[str, bool, dict[str, str]]] = []
 
-    async def measure(encoder, tower, concurrency, seconds, *args, **kwargs):  # type: ignore[no-untyped-def]
-        await real(encoder, tower, 1, 0.0, *args, min_requests=1)  # really ran through the encoder
-        return rates[tower, encoder.plans[tower].source == "tuning file"], 1.0, []
+    def served_rate(worker, load, concurrency, seconds):  # type: ignore[no-untyped-def]
+        assert real(worker, load, concurrency, 0.05) > 0  # really answered over HTTP
+        tuned = "tuning file" in worker.plan_sources().values()
+        served.append((load.tower, tuned, worker.plan_sources()))
+        return rates[load.tower, tuned]
 
-    monkeypatch.setattr(validation, "measure", measure)
+    monkeypatch.setattr(validation, "served_rate", served_rate)
     image = {"backend": "openvino", "device": "CPU", "precision": "fp32"}
     tuning = TuningFile.model_validate(tuning_for(toy_model_dir, text={"precision": "fp32"}, image=image))
     manifest = ModelManifest.load(toy_model_dir)
-    checked, points, kept = validation.validate(toy_model_dir, manifest, tuning, 0.01, lambda *_: None)
+    checked, points, kept, worker_mb = validation.validate(toy_model_dir, manifest, tuning, 0.01, lambda *_: None)
     assert kept == ["text"]
     assert {(p.tower, p.concurrency, p.tuned_items_s, p.default_items_s) for p in points} == {
         ("text", 1, 50, 100), ("text", 8, 50, 100), ("image", 1, 120, 100), ("image", 8, 120, 100),
     }  # fmt: skip
     assert (checked.towers["text"].backend, checked.towers["text"].precision) == ("onnxruntime", "int8")
     assert checked.towers["image"] == tuning.towers["image"]
+    # Four workers (two passes × tuned and default), each tower measured in each: the tuned ones planned
+    # both towers from the file, the default ones from neither; each worker's memory read from /proc.
+    assert {(t, tuned) for t, tuned, _ in served} == {(t, b) for t in ("text", "image") for b in (True, False)}
+    assert all(set(sources.values()) == ({"tuning file"} if tuned else {"defaults"}) for _, tuned, sources in served)
+    assert len(served) == 4 * 2 * (1 + len(validation.CONCURRENCIES))  # workers × towers × (settle + windows)
+    assert worker_mb > 10
 
 
 def test_a_case_is_called_until_its_spread_settles(monkeypatch: pytest.MonkeyPatch) -> None:

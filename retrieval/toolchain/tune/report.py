@@ -58,7 +58,7 @@ def report_lines(tuning: TuningFile) -> list[str]:
     if r is None:
         return []
     again = ", measured twice" if r.measurements > 1 else ""
-    validating = f", validating {r.validate_peak_rss_mb:.0f} MB" if r.validate_peak_rss_mb else ""
+    validating = f", validating {r.validate_peak_rss_mb:.0f} MB with its worker" if r.validate_peak_rss_mb else ""
     lines = [
         f"took {r.seconds:.0f} s{again}; peak memory {r.peak_rss_mb:.0f} MB (quality gate included); measuring "
         f"{r.measure_peak_rss_mb:.0f} MB, one configuration open at a time (between them {r.base_rss_mb:.0f} MB, "
@@ -69,7 +69,7 @@ def report_lines(tuning: TuningFile) -> list[str]:
     for p in r.validation:
         ratio = p.tuned_items_s / p.default_items_s if p.default_items_s else 0.0
         lines.append(
-            f"validated in-process (the encoder serve runs, not over HTTP): {p.tower} at concurrency "
+            f"validated over HTTP (a cnclip worker each, as serve runs them): {p.tower} at concurrency "
             f"{p.concurrency}: {p.tuned_items_s:.1f} items/s tuned, {p.default_items_s:.1f} default ({ratio:.2f}×)"
         )
     lines += [f"kept the defaults for {t}: the choice was not faster than them" for t in r.kept_defaults]

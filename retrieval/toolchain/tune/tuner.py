@@ -16,9 +16,9 @@
    ratios); per shape prepacked where that gains enough (`shape_choices`), within the memory budget
    (retrieval/toolchain/tune/memory.py: the least gain dropped first). Streams: 1 (latency, a search
    service) unless `--objective throughput`, which measures N streams × 1 thread against 1 × N.
-5. **Validate** (retrieval/toolchain/tune/validate.py): the choice against the defaults through the
-   encoder `serve` builds (in-process, concurrency 1 and 8, interleaved); a tower whose choice is not
-   faster keeps the defaults. The report (peak memory, duration, load, validation) goes in the file.
+5. **Validate** (retrieval/toolchain/tune/validate.py): the choice against the defaults as `serve`
+   runs them (a `cnclip worker` each, over HTTP, concurrency 1 and 8, interleaved); a tower whose
+   choice is not faster keeps the defaults. The report (peak memory, duration, load, validation) goes in the file.
 """
 
 from __future__ import annotations
@@ -164,7 +164,7 @@ def shape_choices(
     though b8.l16 alone ran 17.5 against 22.1 ms, a 1.26× gain (BENCHMARKS.md, issue 24). On the
     AVX-512 EPYC prepacked batched text gained 1.3–3.9× and leaving it shared made throughput fall as
     concurrency rose (issue 34). So a batched shape is prepacked for `latency` from a 1.3× gain, and
-    the validation (validate.py: the encoder `serve` runs, concurrency 1 and 8, against the
+    the validation (validate.py: a `cnclip worker` over HTTP, concurrency 1 and 8, against the
     defaults) is what catches a tower where it still loses. `throughput` (bulk indexing) prepacks
     every shape that gains PREPACK_GAIN."""
     out: dict[Shape, ShapeChoice] = {}
@@ -254,16 +254,12 @@ def run_tune(
         trusted=trusted,
         untrusted_reason=None if trusted else reason,
     )
-    points: list[ValidationPoint] = []
-    kept: list[str] = []
     chose_peak = peak_rss_mb()  # the last configuration measured, and the streams (throughput)
-    reset_peak_rss()  # from here: the validation's peak, one encoder open at a time
-    if trusted and options.validate_seconds > 0:  # an untrusted file is not used: nothing to validate
-        tuning, points, kept = validate(model_dir, manifest, tuning, options.validate_seconds, progress)
+    tuning, points, kept, validating_mb = _validated(model_dir, manifest, tuning, options, progress)
     report = TuneReport(
         seconds=round(time.monotonic() - started, 1),
-        peak_rss_mb=round(max(gate_peak, measured.peak_mb, chose_peak, peak_rss_mb()), 1),
-        validate_peak_rss_mb=round(peak_rss_mb() if points else 0.0, 1),
+        peak_rss_mb=round(max(gate_peak, measured.peak_mb, chose_peak, peak_rss_mb(), validating_mb), 1),
+        validate_peak_rss_mb=round(validating_mb, 1),
         measurements=rounds,
         load_average=round(load, 2),
         validation=points,
@@ -271,6 +267,18 @@ def run_tune(
         **_measured_report(measured),
     )
     return TuneResult(tuning.model_copy(update={"report": report}), gate, skipped, samples, warnings)
+
+
+def _validated(
+    model_dir: Path, manifest: ModelManifest, tuning: TuningFile, options: TuneOptions, progress: Progress
+) -> tuple[TuningFile, list[ValidationPoint], list[str], float]:
+    """validate.py's check of a trusted choice (an untrusted file is not used: nothing to validate)
+    and the memory it took, MB: this process (the defaults' plans opened and closed) beside one worker."""
+    if not tuning.trusted or options.validate_seconds <= 0:
+        return tuning, [], [], 0.0
+    reset_peak_rss()  # from here: the validation's peak
+    tuning, points, kept, worker_mb = validate(model_dir, manifest, tuning, options.validate_seconds, progress)
+    return tuning, points, kept, (peak_rss_mb() + worker_mb if points else 0.0)
 
 
 def choose(

@@ -1,13 +1,12 @@
 """Before the tuning file is written: the choice against the defaults, as `serve` runs them.
 
 The per-shape measurements time sessions alone; a search service runs them beside each other, behind
-the dynamic batcher, with preprocessing on the same cores — where a choice that won alone can lose
-(prepacked b8 text beside b1 doubled p50 at concurrency 8 on an AMX Xeon, issue 24). So the choice is
-run through the same `LocalEncoder`, plan, session construction, batcher and preprocessing that
-`serve` builds from a tuning file, against the same encoder without one, with closed-loop clients at
-concurrency 1 and 8 (retrieval/toolchain/bench.py). In-process, not over HTTP: the HTTP layer is
-the same code for both, and leaving it out keeps a second process's CPU out of a 2-core machine's
-measurement. One encoder open at a time (the memory bound of the tuner), in `PASSES` passes of
+the dynamic batcher and the HTTP stack, with preprocessing on the same cores — where a choice that won
+alone can lose (prepacked b8 text beside b1 doubled p50 at concurrency 8 on an AMX Xeon, issue 24). So
+each configuration runs as a `cnclip worker` of its own (retrieval/toolchain/tune/served.py: the
+encoder, batcher, preprocessing and HTTP stack `serve` answers with), one with the tuning file and one
+without, driven over HTTP by closed-loop clients at concurrency 1 and 8. One worker at a time (the
+memory bound of the tuner: this process has closed every session it measured), in `PASSES` passes of
 alternating order (default, tuned; tuned, default); items/s is the median over the passes.
 
 A tower keeps its choice when it is faster — the geometric mean of its items/s ratios (tuned ÷
@@ -27,14 +26,16 @@ from pathlib import Path
 
 from retrieval.config import RuntimeSettings
 from retrieval.encoder import LocalEncoder
+from retrieval.errors import ModelError
 from retrieval.manifest import ModelManifest
 from retrieval.memory import trim_heap
-from retrieval.toolchain.bench import image_payloads, measure, text_payloads
+from retrieval.toolchain.tune.served import running_worker, served_rate, tower_load
 from retrieval.tower_plan import TowerPlan
 from retrieval.tuning import ShapeChoice, TowerChoice, TuningFile, ValidationPoint, parse_shape_key, write_tuning
 
 CONCURRENCIES = (1, 8)
 PASSES = 2
+SETTLE_S = 0.2  # the first requests of each tower, not counted
 LOSS_TOLERANCE = 0.95  # a choice slower than this × the default at either concurrency is not kept
 
 Rates = dict[tuple[str, int], list[float]]  # (tower, concurrency) -> items/s per pass
@@ -66,18 +67,11 @@ def default_choice(plan: TowerPlan, like: TowerChoice) -> TowerChoice:
     )
 
 
-async def _rates(
-    settings: RuntimeSettings, manifest: ModelManifest, towers: Sequence[str], seconds: float, into: Rates
-) -> dict[str, TowerPlan]:
+async def _default_plans(settings: RuntimeSettings, manifest: ModelManifest) -> dict[str, TowerPlan]:
+    """The plans the defaults make here (what differs from the choice?), from an encoder opened and closed."""
     encoder = LocalEncoder(settings, manifest)
     await encoder.start()
-    texts, images = text_payloads(), image_payloads()
     try:
-        for tower in towers:
-            await measure(encoder, tower, 1, 0.0, texts, images, min_requests=2)  # settle threads and arenas
-            for concurrency in CONCURRENCIES:
-                items, took, _ = await measure(encoder, tower, concurrency, seconds, texts, images)
-                into.setdefault((tower, concurrency), []).append(items / took)
         return dict(encoder.plans)
     finally:
         await encoder.close()
@@ -86,44 +80,54 @@ async def _rates(
         trim_heap()
 
 
+def _served_rates(
+    model_dir: Path, tuning_file: Path, context_length: int, towers: Sequence[str], seconds: float, into: Rates
+) -> float:
+    """One worker's items/s per (tower, concurrency) into `into`; its peak memory in MB."""
+    with running_worker(model_dir, tuning_file) as worker:
+        tuned, sources = tuning_file.is_file(), worker.plan_sources()
+        for tower in towers:  # a worker that ignored the file would compare the defaults with themselves
+            if (sources.get(tower) == "tuning file") != tuned:
+                raise ModelError(
+                    f"the validation worker {'with' if tuned else 'without'} the tuning file planned its {tower} "
+                    f"tower from {sources.get(tower) or 'nothing it logged'} (CNCLIP_BACKEND or CNCLIP_PRECISION "
+                    "set? they override the file, in serve too)"
+                )
+        for tower in towers:
+            load = tower_load(worker.port, tower, context_length)
+            served_rate(worker, load, 1, SETTLE_S)  # the first requests of a tower settle its threads and arenas
+            for concurrency in CONCURRENCIES:
+                into.setdefault((tower, concurrency), []).append(served_rate(worker, load, concurrency, seconds))
+        return worker.peak_rss_mb()
+
+
 def validate(
     model_dir: Path,
     manifest: ModelManifest,
     tuning: TuningFile,
     seconds: float,
     progress: Callable[[str, int, int], None],
-) -> tuple[TuningFile, list[ValidationPoint], list[str]]:
+) -> tuple[TuningFile, list[ValidationPoint], list[str], float]:
     """The tuning with each tower that is not faster than the defaults set to them; the points
-    measured; the towers set to the defaults."""
-    with tempfile.TemporaryDirectory(prefix="cnclip-tune-") as folder:
-        tuned_path = write_tuning(Path(folder) / "tuning.json", tuning)
-        common = {"model_dir": model_dir, "query_cache_size": 0}  # repeated payloads must reach the model
-        tuned = RuntimeSettings(**common, tuning_file=tuned_path)  # type: ignore[arg-type]
-        default = RuntimeSettings(**common, tuning_file=Path(folder) / "absent.json")  # type: ignore[arg-type]
-        return asyncio.run(_validate(tuned, default, manifest, tuning, seconds, progress))
-
-
-async def _validate(
-    tuned: RuntimeSettings,
-    default: RuntimeSettings,
-    manifest: ModelManifest,
-    tuning: TuningFile,
-    seconds: float,
-    progress: Callable[[str, int, int], None],
-) -> tuple[TuningFile, list[ValidationPoint], list[str]]:
+    measured; the towers set to the defaults; the workers' peak memory in MB (0.0: none ran)."""
     progress("validating: the defaults", 0, 2 * PASSES)
     default_rates: Rates = {}
     tuned_rates: Rates = {}
-    plans = await _rates(default, manifest, [], 0.0, default_rates)  # the defaults' plans: what differs?
-    towers = [t for t, choice in tuning.towers.items() if not same_as_default(choice, plans[t])]
-    if not towers:
-        return tuning, [], []
-    for pass_ in range(PASSES):
-        order = [(default, default_rates), (tuned, tuned_rates)]
-        for step, (settings, into) in enumerate(order if pass_ % 2 == 0 else order[::-1]):
-            which = "the choice" if settings is tuned else "the defaults"
-            progress(f"validating ({pass_ + 1}/{PASSES}): {which}", 2 * pass_ + step, 2 * PASSES)
-            await _rates(settings, manifest, towers, seconds, into)
+    peak = 0.0
+    with tempfile.TemporaryDirectory(prefix="cnclip-tune-") as folder:
+        absent = Path(folder) / "absent.json"  # no tuning file: the defaults
+        plans = asyncio.run(_default_plans(RuntimeSettings(model_dir=model_dir, tuning_file=absent), manifest))
+        towers = [t for t, choice in tuning.towers.items() if not same_as_default(choice, plans[t])]
+        if not towers:
+            return tuning, [], [], 0.0
+        tuned_path = write_tuning(Path(folder) / "tuning.json", tuning)
+        for pass_ in range(PASSES):
+            order = [(absent, default_rates), (tuned_path, tuned_rates)]
+            for step, (path, into) in enumerate(order if pass_ % 2 == 0 else order[::-1]):
+                which = "the choice" if path == tuned_path else "the defaults"
+                progress(f"validating over HTTP ({pass_ + 1}/{PASSES}): {which}", 2 * pass_ + step, 2 * PASSES)
+                used = _served_rates(model_dir, path, manifest.context_length, towers, seconds, into)
+                peak = max(peak, used)
     points = [
         ValidationPoint(
             tower=tower,  # type: ignore[arg-type]
@@ -138,7 +142,7 @@ async def _validate(
     choices = dict(tuning.towers)
     for tower in kept_defaults:
         choices[tower] = default_choice(plans[tower], choices[tower])  # type: ignore[index]
-    return tuning.model_copy(update={"towers": choices}), points, kept_defaults
+    return tuning.model_copy(update={"towers": choices}), points, kept_defaults, peak
 
 
 def _faster(points: list[ValidationPoint]) -> bool:

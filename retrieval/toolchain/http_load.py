@@ -1,5 +1,6 @@
 """A bounded, closed-loop HTTP load client: what `perf_analyzer --concurrency-range N` does, in Python,
-for machines where perf_analyzer does not run (benchmarks/perf_analyzer_check.py says when).
+for machines where perf_analyzer does not run (benchmarks/perf_analyzer_check.py says when), and what
+`cnclip tune` validates its choice with (retrieval/toolchain/tune/served.py).
 
 `concurrency` clients each hold one keep-alive connection and send their next request the moment
 the previous one is answered, so at most `concurrency` requests are ever in flight (a closed loop:
@@ -21,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+import tritonclient.http as triton_http
 
 RequestMaker = Callable[[int], bytes]  # request number (unique in a run) -> one whole HTTP request
 
@@ -48,6 +50,15 @@ def http_request(host: str, port: int, path: str, body: bytes, headers: dict[str
     lines = [f"POST {path} HTTP/1.1", f"Host: {host}:{port}", f"Content-Length: {len(body)}"]
     lines += [f"{name}: {value}" for name, value in (headers or {}).items()]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+def binary_body(name: str, datatype: str, data: np.ndarray, output: str) -> tuple[bytes, dict[str, str]]:
+    """A v2 request body with binary tensors (what perf_analyzer and tritonclient send) and its headers."""
+    tensor = triton_http.InferInput(name, list(data.shape), datatype)
+    tensor.set_data_from_numpy(data, binary_data=True)
+    wanted = [triton_http.InferRequestedOutput(output, binary_data=True)]
+    body, json_size = triton_http.InferenceServerClient.generate_request_body([tensor], outputs=wanted)
+    return body, {"Inference-Header-Content-Length": str(json_size), "Content-Type": "application/octet-stream"}
 
 
 async def _read_response(reader: asyncio.StreamReader) -> int:
