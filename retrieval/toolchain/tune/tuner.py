@@ -273,7 +273,7 @@ def _validated(
     model_dir: Path, manifest: ModelManifest, tuning: TuningFile, options: TuneOptions, progress: Progress
 ) -> tuple[TuningFile, list[ValidationPoint], list[str], float]:
     """validate.py's check of a trusted choice (an untrusted file is not used: nothing to validate)
-    and the memory it took, MB: this process (the defaults' plans opened and closed) beside one worker."""
+    and the memory it took, MB: this process beside one worker at a time."""
     if not tuning.trusted or options.validate_seconds <= 0:
         return tuning, [], [], 0.0
     reset_peak_rss()  # from here: the validation's peak

@@ -16,8 +16,6 @@ otherwise the tower runs the defaults, recorded as such in the file.
 
 from __future__ import annotations
 
-import asyncio
-import gc
 import math
 import statistics
 import tempfile
@@ -28,7 +26,6 @@ from retrieval.config import RuntimeSettings
 from retrieval.encoder import LocalEncoder
 from retrieval.errors import ModelError
 from retrieval.manifest import ModelManifest
-from retrieval.memory import trim_heap
 from retrieval.toolchain.tune.served import running_worker, served_rate, tower_load
 from retrieval.tower_plan import TowerPlan
 from retrieval.tuning import ShapeChoice, TowerChoice, TuningFile, ValidationPoint, parse_shape_key, write_tuning
@@ -67,17 +64,11 @@ def default_choice(plan: TowerPlan, like: TowerChoice) -> TowerChoice:
     )
 
 
-async def _default_plans(settings: RuntimeSettings, manifest: ModelManifest) -> dict[str, TowerPlan]:
-    """The plans the defaults make here (what differs from the choice?), from an encoder opened and closed."""
+def _default_plans(settings: RuntimeSettings, manifest: ModelManifest) -> dict[str, TowerPlan]:
+    """The plans the defaults make here (what differs from the choice?); no session is opened."""
     encoder = LocalEncoder(settings, manifest)
-    await encoder.start()
-    try:
-        return dict(encoder.plans)
-    finally:
-        await encoder.close()
-        del encoder
-        gc.collect()
-        trim_heap()
+    encoder._plan()  # noqa: SLF001 - what start() does before it opens sessions (as retrieval/model_check.py)
+    return dict(encoder.plans)
 
 
 def _served_rates(
@@ -116,7 +107,7 @@ def validate(
     peak = 0.0
     with tempfile.TemporaryDirectory(prefix="cnclip-tune-") as folder:
         absent = Path(folder) / "absent.json"  # no tuning file: the defaults
-        plans = asyncio.run(_default_plans(RuntimeSettings(model_dir=model_dir, tuning_file=absent), manifest))
+        plans = _default_plans(RuntimeSettings(model_dir=model_dir, tuning_file=absent), manifest)
         towers = [t for t, choice in tuning.towers.items() if not same_as_default(choice, plans[t])]
         if not towers:
             return tuning, [], [], 0.0
