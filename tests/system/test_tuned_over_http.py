@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from retrieval.manifest import ModelManifest
 from retrieval.toolchain.toy_model import write_toy_model
 from retrieval.toolchain.tune.served import running_worker, served_rate, tower_load
@@ -55,3 +57,17 @@ def test_a_tuned_worker_is_not_slower_than_the_default_over_http(tmp_path: Path)
                 rates[False, tower, concurrency]
             )
             assert ratio >= FLOOR, (tower, concurrency, ratio, rates, tuning.report.validation)
+
+
+def test_the_validation_worker_runs_our_code_wherever_tune_is_started(
+    tmp_path: Path, toy_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `cli` folder where the user stands (the worker's `python -c` would put it first on the
+    path) cannot stand in for the product's."""
+    (tmp_path / "cli").mkdir()
+    (tmp_path / "cli" / "__init__.py").write_text("")
+    (tmp_path / "cli" / "main.py").write_text("raise SystemExit('the wrong cli')\n")
+    monkeypatch.chdir(tmp_path)
+    with running_worker(toy_model_dir, tmp_path / "absent.json") as worker:
+        load = tower_load(worker.port, "text", ModelManifest.load(toy_model_dir).context_length)
+        assert served_rate(worker, load, 1, 0.1) > 0

@@ -40,6 +40,7 @@ MAX_WINDOW_S = 60.0
 _PORT_LINE = re.compile(rb"/v2 on http://[^:\s]+:(\d+)")
 _PLAN_LINE = re.compile(r"\b(text|image) tower: .*\[([a-z ]+)\]$", re.M)  # retrieval/encoder.py's line
 _PROGRAM = [sys.executable, "-c", "from cli.main import main; main()"]  # `cnclip`, this interpreter
+CODE_ROOT = Path(__file__).resolve().parents[3]  # the folder holding `retrieval` and `cli`
 
 
 @dataclass
@@ -84,6 +85,9 @@ def worker_env(model_dir: Path, tuning_file: Path, data_dir: Path) -> dict[str, 
         CNCLIP_DATA_DIR=str(data_dir),
     )
     env.pop("CNCLIP_ENCODER", None)  # the worker runs the model itself
+    # The worker runs this process's code, whatever folder it starts in (it starts in an empty one,
+    # so that a `cli` or `retrieval` folder where the user stands cannot stand in for ours).
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CODE_ROOT), env.get("PYTHONPATH")]))
     return env
 
 
@@ -96,9 +100,8 @@ def running_worker(model_dir: Path, tuning_file: Path) -> Iterator[Worker]:
         # -v: the project's start-up lines (each tower's plan); --log-level warning: no access log.
         command = [*_PROGRAM, "-v", "worker", "--host", HOST, "--port", "0", "--log-level", "warning"]
         with log_path.open("wb") as log:  # a file, never a pipe: a pipe nobody reads fills and stalls it
-            process = subprocess.Popen(
-                command, env=worker_env(model_dir, tuning_file, Path(folder)), stdout=log, stderr=subprocess.STDOUT
-            )
+            env = worker_env(model_dir, tuning_file, Path(folder))
+            process = subprocess.Popen(command, env=env, cwd=folder, stdout=log, stderr=subprocess.STDOUT)
         try:
             yield Worker(_wait_ready(process, log_path), process, log_path)
         finally:
