@@ -131,6 +131,12 @@ class TowerChoice(_Strict):
     def prepacked(self) -> set[Shape]:
         return {parse_shape_key(k) for k, v in self.shapes.items() if v.prepack}
 
+    def words(self) -> str:
+        """`onnxruntime cpu int8, prepacked b1,b1.l16, 1 stream(s)`."""
+        packed = sorted(self.prepacked(), key=lambda s: (s[1] or 0, s[0]))
+        extra = f", prepacked {','.join(shape_key(s) for s in packed)}" if packed else ""
+        return f"{self.backend} {self.device} {self.precision}{extra}, {self.streams} stream(s)"
+
 
 class Measurement(_Strict):
     tower: Literal["image", "text"]
@@ -169,6 +175,7 @@ class TuneReport(_Strict):
     noisy_cases: int = Field(0, ge=0)  # cases whose spread stayed above the bound
     validation: list[ValidationPoint] = Field(default_factory=list, max_length=64)
     kept_defaults: list[Literal["image", "text"]] = Field(default_factory=list, max_length=2)
+    rejected: dict[Literal["image", "text"], TowerChoice] = Field(default_factory=dict)  # what they replaced
 
 
 class TuningFile(_Strict):
@@ -188,13 +195,7 @@ class TuningFile(_Strict):
     report: TuneReport | None = None
 
     def summary(self) -> str:
-        parts = []
-        for tower in ("image", "text"):
-            t = self.towers[tower]
-            packed = sorted(t.prepacked(), key=lambda s: (s[1] or 0, s[0]))
-            extra = f", prepacked {','.join(shape_key(s) for s in packed)}" if packed else ""
-            parts.append(f"{tower} → {t.backend} {t.device} {t.precision}{extra}, {t.streams} stream(s)")
-        return "; ".join(parts)
+        return "; ".join(f"{tower} → {self.towers[tower].words()}" for tower in ("image", "text"))
 
 
 assert set(RUN_PRECISIONS) == {"fp32", "fp16", "bf16", "int8"}  # the Literal types above say the same

@@ -225,3 +225,18 @@ def test_configurations_are_measured_in_blocks_whose_order_alternates(toy_model_
     # and reversed, so a slow minute falls on different configurations in each pass.
     assert opened == ["a", "b", "c", "a", "c", "b"]
     assert all(len(v) == 2 for v in measured.samples.values())
+
+
+def test_the_report_names_the_choice_the_defaults_replaced(toy_model_dir: Path) -> None:
+    from retrieval.toolchain.tune.report import report_lines
+    from retrieval.tuning import TowerChoice, TuneReport
+
+    tuning = TuningFile.model_validate(tuning_for(toy_model_dir))
+    rejected = TowerChoice(backend="openvino", device="CPU", precision="bf16", shapes={"b1": {"prepack": True}})
+    report = TuneReport(seconds=1, peak_rss_mb=1, kept_defaults=["text"], rejected={"text": rejected})
+    lines = report_lines(tuning.model_copy(update={"report": report}))
+    assert "kept the defaults for text: the choice (openvino CPU bf16, prepacked b1, 1 stream(s)) was not faster" in (
+        "\n".join(lines)
+    )
+    # A file written by tune reads back with it (the file's strict schema).
+    assert TuningFile.model_validate_json(tuning.model_copy(update={"report": report}).model_dump_json()) is not None

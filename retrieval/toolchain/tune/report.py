@@ -72,7 +72,11 @@ def report_lines(tuning: TuningFile) -> list[str]:
             f"validated over HTTP (a cnclip worker each, as serve runs them): {p.tower} at concurrency "
             f"{p.concurrency}: {p.tuned_items_s:.1f} items/s tuned, {p.default_items_s:.1f} default ({ratio:.2f}×)"
         )
-    lines += [f"kept the defaults for {t}: the choice was not faster than them" for t in r.kept_defaults]
+    lines += [
+        f"kept the defaults for {t}: the choice ({r.rejected[t].words() if t in r.rejected else '?'}) was not "
+        "faster than them"
+        for t in r.kept_defaults
+    ]
     if not tuning.trusted:
         lines.append(f"UNTRUSTED: {tuning.untrusted_reason}; serve ignores this file and runs the defaults")
     return lines

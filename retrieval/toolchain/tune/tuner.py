@@ -255,6 +255,7 @@ def run_tune(
         untrusted_reason=None if trusted else reason,
     )
     chose_peak = peak_rss_mb()  # the last configuration measured, and the streams (throughput)
+    chosen = tuning
     tuning, points, kept, validating_mb = _validated(model_dir, manifest, tuning, options, progress)
     report = TuneReport(
         seconds=round(time.monotonic() - started, 1),
@@ -264,6 +265,7 @@ def run_tune(
         load_average=round(load, 2),
         validation=points,
         kept_defaults=kept,  # type: ignore[arg-type]
+        rejected={t: chosen.towers[t] for t in kept},  # type: ignore[index]
         **_measured_report(measured),
     )
     return TuneResult(tuning.model_copy(update={"report": report}), gate, skipped, samples, warnings)
