@@ -30,7 +30,7 @@ def local_cluster(nodes: int = 2) -> Iterator[Any]:
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": NODE_CPUS})
     try:
         for _ in range(nodes - 1):
-            cluster.add_node(num_cpus=NODE_CPUS)
+            _add_node(cluster)
         cluster.wait_for_nodes()
         yield cluster
     finally:
@@ -38,14 +38,19 @@ def local_cluster(nodes: int = 2) -> Iterator[Any]:
 
 
 def top_up(cluster: Any, nodes: int = 2) -> None:
-    """Add nodes until `cluster` has `nodes` alive again (a test removed one). Ray gives a node 30 s
-    to register, which a machine busy with other tests can miss: one more try then."""
+    """Add nodes until `cluster` has `nodes` alive again (a test removed one)."""
     while len(cluster.list_all_nodes()) < nodes:
-        try:
-            cluster.add_node(num_cpus=NODE_CPUS)
-        except Exception:  # noqa: BLE001 - Ray raises a bare Exception for the timeout
-            cluster.add_node(num_cpus=NODE_CPUS)
+        _add_node(cluster)
     cluster.wait_for_nodes()
+
+
+def _add_node(cluster: Any) -> None:
+    """One node more. Ray gives a node 30 s to register, which a machine busy with other tests can
+    miss (seen at a module's first cluster, late in a full run): one more try then."""
+    try:
+        cluster.add_node(num_cpus=NODE_CPUS)
+    except Exception:  # noqa: BLE001 - Ray raises a bare Exception for the timeout
+        cluster.add_node(num_cpus=NODE_CPUS)
 
 
 def vectors_by_path(database_url: str, collection: str) -> dict[str, np.ndarray]:
