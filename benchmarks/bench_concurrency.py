@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
-import itertools
 import json
 import os
 import random
@@ -58,7 +57,7 @@ from retrieval.manifest import ModelManifest  # noqa: E402
 from retrieval.preprocess import preprocess_image  # noqa: E402
 from retrieval.text_lengths import split_by_length  # noqa: E402
 from retrieval.tokenizer import tokenize  # noqa: E402
-from retrieval.toolchain.http_load import RequestMaker, binary_body, closed_loop, http_request  # noqa: E402
+from retrieval.toolchain.http_load import RequestMaker, binary_body, closed_loop, http_request, in_turn  # noqa: E402
 from retrieval.triton_names import IMAGE_BYTES_MODEL, IMAGE_MODEL, text_model  # noqa: E402
 from tests.support.cli_server import CliServer  # noqa: E402
 from tests.support.kserve_server import free_port  # noqa: E402
@@ -158,13 +157,6 @@ def text_ids(server: Server, i: int) -> tuple[str, np.ndarray]:
     """(model, ids) for query `i` as a client of `server` sends it: cut to the shortest text model that holds it."""
     ((_, ids),) = split_by_length(tokenize([distinct_query(i)]), server.text_lengths)
     return text_model(None if ids.shape[1] == server.text_lengths[-1] else ids.shape[1]), ids
-
-
-def in_turn(requests: list[bytes]) -> RequestMaker:
-    """The requests one after another across the whole run (not from the first again in every cell):
-    a query cache of fewer entries than there are requests (an LRU) can then answer none of them."""
-    turn = itertools.count()
-    return lambda _i: requests[next(turn) % len(requests)]
 
 
 def request_maker(

@@ -17,6 +17,7 @@ server it measures, and httpx's per-request cost would be part of every number.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -59,6 +60,13 @@ def binary_body(name: str, datatype: str, data: np.ndarray, output: str) -> tupl
     wanted = [triton_http.InferRequestedOutput(output, binary_data=True)]
     body, json_size = triton_http.InferenceServerClient.generate_request_body([tensor], outputs=wanted)
     return body, {"Inference-Header-Content-Length": str(json_size), "Content-Type": "application/octet-stream"}
+
+
+def in_turn(requests: list[bytes]) -> RequestMaker:
+    """The requests one after another across the whole run (not from the first again in every cell):
+    a query cache of fewer entries than there are requests (an LRU) can then answer none of them."""
+    turn = itertools.count()
+    return lambda _i: requests[next(turn) % len(requests)]
 
 
 async def _read_response(reader: asyncio.StreamReader) -> int:

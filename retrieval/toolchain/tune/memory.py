@@ -37,9 +37,9 @@ def rss_mb() -> float:
         return 0.0
 
 
-def _status_mb(field: str) -> float:
+def _status_mb(field: str, pid: int | str = "self") -> float:
     try:
-        with open("/proc/self/status", encoding="ascii") as f:
+        with open(f"/proc/{pid}/status", encoding="ascii") as f:
             for line in f:
                 if line.startswith(field + ":"):
                     return int(line.split()[1]) / 1024  # kB
@@ -48,9 +48,9 @@ def _status_mb(field: str) -> float:
     return 0.0
 
 
-def peak_rss_mb() -> float:
-    """This process's peak resident memory in MB since it started or `reset_peak_rss` (VmHWM)."""
-    return _status_mb("VmHWM")
+def peak_rss_mb(pid: int | str = "self") -> float:
+    """A process's (this one's) peak resident memory in MB since it started or `reset_peak_rss` (VmHWM)."""
+    return _status_mb("VmHWM", pid)
 
 
 def reset_peak_rss() -> bool:

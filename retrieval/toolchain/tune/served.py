@@ -29,7 +29,8 @@ from retrieval.config import RuntimeSettings
 from retrieval.errors import ModelError
 from retrieval.tokenizer import tokenize
 from retrieval.toolchain.bench import image_payloads, text_payloads
-from retrieval.toolchain.http_load import RequestMaker, binary_body, closed_loop, http_request
+from retrieval.toolchain.http_load import RequestMaker, binary_body, closed_loop, http_request, in_turn
+from retrieval.toolchain.tune.memory import peak_rss_mb
 from retrieval.triton_names import IMAGE_BYTES_MODEL, TEXT_MODEL
 
 HOST = "127.0.0.1"
@@ -58,14 +59,7 @@ class Worker:
 
     def peak_rss_mb(self) -> float:
         """The worker's peak resident memory so far in MB (VmHWM; 0.0 where /proc has none)."""
-        try:
-            with open(f"/proc/{self.process.pid}/status", encoding="ascii") as f:
-                for line in f:
-                    if line.startswith("VmHWM:"):
-                        return int(line.split()[1]) / 1024
-        except (OSError, ValueError, IndexError):
-            pass
-        return 0.0
+        return peak_rss_mb(self.process.pid)
 
 
 def worker_env(model_dir: Path, tuning_file: Path, data_dir: Path) -> dict[str, str]:
@@ -165,8 +159,7 @@ def tower_load(port: int, tower: str, context_length: int) -> TowerLoad:
             infer(IMAGE_BYTES_MODEL, binary_body("image_bytes", "BYTES", np.array([[f]], np.object_), "image_features"))
             for f in files
         ]
-    turn = iter(range(1 << 62))
-    return TowerLoad(tower, lambda _i: built[next(turn) % len(built)])
+    return TowerLoad(tower, in_turn(built))
 
 
 def served_rate(worker: Worker, load: TowerLoad, concurrency: int, seconds: float) -> float:
