@@ -116,8 +116,8 @@ def _from_tuning(
         graph=graph,
         buckets=_buckets(manifest, tower, graph, settings),
         share=settings.share_weights and backend.shares_weights(device.name),
-        # Shapes the tuner prepacked were measured as sessions of their own: keep them so.
-        dynamic=settings.dynamic_shapes and backend.dynamic_sessions(device.name) and not choice.prepacked(),
+        # As the tuner measured it: one shape-dynamic session, or a session per shape (some prepacked).
+        dynamic=settings.dynamic_shapes and backend.dynamic_sessions(device.name) and choice.one_session(),
         prepack=frozenset(choice.prepacked()),
         streams=settings.streams if "streams" in explicit else choice.streams,
         threads_per_stream=settings.threads_per_stream

@@ -127,14 +127,24 @@ class TowerChoice(_Strict):
     streams: int = Field(1, ge=1, le=64)
     threads_per_stream: int = Field(0, ge=0, le=4096)
     shapes: dict[str, ShapeChoice] = Field(default_factory=dict, max_length=1024)
+    # One shape-dynamic session per stream for every shape, with its own prepacked copy (where the
+    # backend can: ONNX Runtime's CPU). None — a file from before the tuner measured it — means what
+    # `serve` did with such files: the one session when no shape is prepacked.
+    dynamic: bool | None = None
 
     def prepacked(self) -> set[Shape]:
         return {parse_shape_key(k) for k, v in self.shapes.items() if v.prepack}
+
+    def one_session(self) -> bool:
+        """Whether the choice runs a stream's shapes on one shape-dynamic session (where the backend can)."""
+        return self.dynamic if self.dynamic is not None else not self.prepacked()
 
     def words(self) -> str:
         """`onnxruntime cpu int8, prepacked b1,b1.l16, 1 stream(s)`."""
         packed = sorted(self.prepacked(), key=lambda s: (s[1] or 0, s[0]))
         extra = f", prepacked {','.join(shape_key(s) for s in packed)}" if packed else ""
+        if self.dynamic:
+            extra = ", one shape-dynamic session"
         return f"{self.backend} {self.device} {self.precision}{extra}, {self.streams} stream(s)"
 
 
@@ -144,15 +154,15 @@ class Measurement(_Strict):
     backend: str = Field(max_length=32)
     device: str = Field(max_length=32)
     precision: Literal["fp32", "fp16", "bf16", "int8"]
-    weights: Literal["shared", "prepacked", "own"]
+    weights: Literal["shared", "prepacked", "own", "dynamic"]
     ms: float = Field(ge=0)
     ms_min: float = Field(ge=0)
     ms_max: float = Field(ge=0)
 
 
 class ValidationPoint(_Strict):
-    """One tower at one concurrency, the choice against the defaults, through the encoder `serve` runs
-    (in-process, not over HTTP): items/s, the medians of interleaved passes."""
+    """One tower at one concurrency, the choice against the defaults, each served by a `cnclip worker`
+    over HTTP: items/s, the medians of interleaved passes."""
 
     tower: Literal["image", "text"]
     concurrency: int = Field(ge=1, le=1024)

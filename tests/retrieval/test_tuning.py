@@ -58,9 +58,12 @@ def test_tune_prints_the_table_and_the_choice_and_writes_the_file(tuned_model: t
         ("image", "b4"),
         *(("text", s) for s in ("b1", "b4", "b1.l16", "b4.l16")),
     }
-    assert {("onnxruntime", "int8", "shared"), ("onnxruntime", "int8", "prepacked"), ("openvino", "fp32", "own")} <= {
-        (r[2], r[4], r[5]) for r in rows
-    }
+    assert {
+        ("onnxruntime", "int8", "shared"),
+        ("onnxruntime", "int8", "prepacked"),
+        ("onnxruntime", "int8", "dynamic"),  # the one shape-dynamic session `serve` runs by default
+        ("openvino", "fp32", "own"),
+    } <= {(r[2], r[4], r[5]) for r in rows}
     chosen = [r for r in rows if r[-1].startswith("**yes**")]
     assert len(chosen) == 6  # one chosen configuration per tower and shape
     assert any(line.startswith("gate: text on onnxruntime int8: min cosine") for line in lines)
@@ -83,6 +86,7 @@ def test_the_encoder_uses_a_matching_tuning_file(tuned_model: tuple[Path, Any], 
         choice = tuning.towers[tower]  # type: ignore[index]
         assert (plan.backend.name, plan.precision, plan.source) == (choice.backend, choice.precision, "tuning file")
         assert plan.prepack == choice.prepacked()
+        assert plan.dynamic == (choice.dynamic is True)  # ONNX Runtime: as measured; OpenVINO: never
 
 
 def test_a_tuned_choice_opens_those_sessions(settings: Settings, tmp_path: Path, caplog) -> None:
@@ -256,7 +260,7 @@ def test_latency_prepacks_batched_shapes_only_at_a_larger_gain_throughput_every_
     from types import SimpleNamespace
 
     from retrieval.toolchain.gate import Candidate
-    from retrieval.toolchain.tune.tuner import BATCHED_PREPACK_GAIN, PREPACK_GAIN, shape_choices
+    from retrieval.toolchain.tune.ranking import BATCHED_PREPACK_GAIN, PREPACK_GAIN, shape_choices
     from retrieval.tuning import Shape
 
     ort = Candidate(SimpleNamespace(name="onnxruntime"), "cpu", "int8", "int8")

@@ -42,7 +42,7 @@ class Config:
     """One configuration measured: a candidate and how its sessions hold weights."""
 
     candidate: Candidate
-    weights: str  # "shared" | "prepacked" | "own"
+    weights: str  # "shared" | "prepacked" | "own" | "dynamic" (one shape-dynamic session, its own copy)
 
     @property
     def label(self) -> str:
@@ -89,7 +89,8 @@ def shapes_of(manifest: ModelManifest, tower: str, graph: str, buckets: Sequence
 
 
 def open_config(manifest: ModelManifest, tower: str, config: Config, shapes: Sequence[Shape], cores: list[int]):  # type: ignore[no-untyped-def]
-    """One session per shape for a configuration (shared weights: one `SharedWeights` for all)."""
+    """One session per shape for a configuration (shared weights: one `SharedWeights` for all;
+    dynamic: every shape on the one shape-dynamic session the backend opens at the first run)."""
     c = config.candidate
     weights = SharedWeights(f"{tower}/{c.graph}") if config.weights == "shared" else None
     session_config = SessionConfig(
@@ -99,6 +100,7 @@ def open_config(manifest: ModelManifest, tower: str, config: Config, shapes: Seq
         weights=weights,
         backend=c.backend.name,
         run_precision=c.precision,
+        dynamic_shapes=config.weights == "dynamic",
     )
     spec = manifest.towers[tower]
     sessions = {}
@@ -118,6 +120,15 @@ def least_mode(c: Candidate) -> str:
     return "shared" if c.backend.shares_weights(c.device) else "own"
 
 
+def modes(c: Candidate) -> list[str]:
+    """How the tuner measures a candidate's sessions: on one shared copy and each prepacked where the
+    backend can share (and on one shape-dynamic session where it can run one: what `serve` runs by
+    default on ONNX Runtime's CPU, so a choice is never measured against less than the defaults)."""
+    if least_mode(c) != "shared":
+        return ["own"]
+    return ["shared", "prepacked"] + (["dynamic"] if c.backend.dynamic_sessions(c.device) else [])
+
+
 def _free() -> None:
     gc.collect()
     trim_heap()
@@ -133,9 +144,8 @@ def measure(
     blocks: list[tuple[str, Config, list[Shape]]] = []
     for tower, candidates_ in passed.items():
         for candidate in candidates_:
-            modes = ["shared", "prepacked"] if least_mode(candidate) == "shared" else ["own"]
             shapes = shapes_of(manifest, tower, candidate.graph, options.buckets)
-            blocks += [(tower, Config(candidate, mode), shapes) for mode in modes]
+            blocks += [(tower, Config(candidate, mode), shapes) for mode in modes(candidate)]
     passes = max(1, options.rounds)
     cases = sum(len(shapes) for _, _, shapes in blocks)
     per_case = min(options.seconds, options.time_limit / max(1, cases * passes) / 2)

@@ -71,6 +71,7 @@ class TowerMemory:
     shares: bool
     shared_mb: float
     per_shape_mb: float
+    dynamic_mb: float = 0.0  # the one shape-dynamic session of a stream (its own prepacked copy)
 
 
 def fit_towers(
@@ -103,14 +104,22 @@ def fit_towers(
 
 
 def fit_prepacks(
-    choices: dict[str, TowerChoice], memory: dict[str, TowerMemory], budget: Budget
+    choices: dict[str, TowerChoice],
+    memory: dict[str, TowerMemory],
+    budget: Budget,
+    per_shape: dict[str, TowerChoice] | None = None,
 ) -> dict[str, TowerChoice]:
-    """Drop prepacked shapes, the smallest gain first, until the towers' sessions fit the budget."""
+    """Drop prepacked shapes, the smallest gain first, until the towers' sessions fit the budget. A
+    tower on one shape-dynamic session per stream (its own copy) that does not fit goes first to its
+    per-shape sessions (`per_shape[tower]`), whose prepacked shapes are then dropped as any."""
 
     def total() -> float:
         mb = 0.0
         for tower, choice in choices.items():
             cost = memory[tower]
+            if choice.dynamic:
+                mb += cost.dynamic_mb * choice.streams
+                continue
             if not cost.shares:
                 mb += cost.per_shape_mb * choice.streams * max(len(choice.shapes), 1)
                 continue
@@ -119,6 +128,11 @@ def fit_prepacks(
             mb += (cost.shared_mb if shared else 0.0) + cost.per_shape_mb * choice.streams * own
         return mb
 
+    for tower in sorted(choices, key=lambda t: -memory[t].dynamic_mb):
+        if budget.allows(total()):
+            return choices
+        if choices[tower].dynamic and per_shape and tower in per_shape:
+            choices[tower] = per_shape[tower]
     ranked = sorted(
         ((v.prepack_gain or 1.0, t, k) for t, c in choices.items() for k, v in c.shapes.items() if v.prepack),
         key=lambda item: item[0],

@@ -29,6 +29,8 @@ def table(result: TuneResult) -> list[str]:
         choice = t.towers[m.tower]
         shape = choice.shapes.get(m.shape)
         mode = "prepacked" if shape is not None and shape.prepack else ("shared" if m.weights != "own" else "own")
+        if choice.dynamic:
+            mode = "dynamic"
         chosen = (m.backend, m.precision, m.weights) == (
             choice.backend,
             choice.precision,

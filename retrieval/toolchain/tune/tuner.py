@@ -23,7 +23,6 @@
 
 from __future__ import annotations
 
-import math
 import statistics
 import threading
 import time
@@ -51,19 +50,20 @@ from retrieval.toolchain.tune.measure import (
     describe,
     least_mode,
     measure,
+    modes,
     open_config,
     shapes_of,
     time_calls,
 )
 from retrieval.toolchain.tune.memory import TowerMemory, fit_prepacks, fit_towers, peak_rss_mb, reset_peak_rss
 from retrieval.toolchain.tune.noise import load_average, noise_reason, others_now
+from retrieval.toolchain.tune.ranking import MODES, PREPACK_GAIN, one_session, rank_tower, shape_choices
 from retrieval.toolchain.tune.validate import validate
 from retrieval.tower_plan import weight_bytes
 from retrieval.tuning import (
     Fingerprint,
     Measurement,
     Shape,
-    ShapeChoice,
     TowerChoice,
     TuneReport,
     TuningFile,
@@ -76,9 +76,6 @@ from retrieval.types import TOWERS
 
 # Re-exported: the benchmarks time sessions the way the tuner does.
 __all__ = ["Config", "PREPACK_GAIN", "TuneOptions", "TuneResult", "measure", "open_config", "run_tune", "time_calls"]
-
-PREPACK_GAIN = 1.05  # a prepacked copy is kept only when it is at least this much faster
-BATCHED_PREPACK_GAIN = 1.3  # `latency`: a batched shape's prepacked copy only at this gain (see shape_choices)
 
 
 @dataclass
@@ -114,73 +111,6 @@ def candidates(manifest: ModelManifest, names: Sequence[str]) -> tuple[dict[str,
 
 def _candidate_shapes(manifest: ModelManifest, tower: str, buckets: Sequence[int], candidate: Candidate) -> list[Shape]:
     return shapes_of(manifest, tower, candidate.graph, buckets)
-
-
-def _median(values: list[float]) -> float:
-    return statistics.median(values)
-
-
-def rank_tower(
-    tower: str,
-    options_: list[Candidate],
-    samples: dict[tuple[str, Shape, str], list[float]],
-    shapes_of: Callable[[Candidate], list[Shape]],
-) -> list[tuple[float, Candidate]]:
-    """Every measured candidate with its score, best first: the geometric mean over the tower's shapes
-    of its time ÷ the shape's fastest (1.0: fastest everywhere)."""
-    measured = [c for c in options_ if all(_best_ms(samples, tower, c, s) < math.inf for s in shapes_of(c))]
-    if not measured:
-        raise ModelError(f"no configuration of the {tower} tower could be measured")
-    fastest: dict[Shape, float] = {}
-    for c in measured:
-        for s in shapes_of(c):
-            fastest[s] = min(fastest.get(s, math.inf), _best_ms(samples, tower, c, s))
-
-    def score(c: Candidate) -> float:
-        ratios = [_best_ms(samples, tower, c, s) / fastest[s] for s in shapes_of(c)]
-        return math.exp(sum(math.log(r) for r in ratios) / len(ratios))
-
-    # Ties keep the backend's order of preference (sorted is stable).
-    return sorted(((score(c), c) for c in measured), key=lambda sc: sc[0])
-
-
-def _best_ms(samples: dict[tuple[str, Shape, str], list[float]], tower: str, c: Candidate, shape: Shape) -> float:
-    times = [_median(v) for m in ("shared", "prepacked", "own") if (v := samples.get((tower, shape, f"{c.label} {m}")))]
-    return min(times) if times else math.inf
-
-
-def shape_choices(
-    tower: str,
-    winner: Candidate,
-    samples: dict[tuple[str, Shape, str], list[float]],
-    shapes: list[Shape],
-    objective: str = "latency",
-) -> dict[Shape, ShapeChoice]:
-    """Per shape of the chosen candidate: prepacked where that is at least PREPACK_GAIN faster; for
-    `latency`, a batched shape only where it is at least BATCHED_PREPACK_GAIN faster. Batched shapes
-    of a search service run when queries arrive together, beside the batch-1 sessions, and there a
-    small gain alone can turn into a loss: on the AMX Xeon, text at concurrency 8 over HTTP had p50
-    53 ms with b1, b1.l16 and b8.l16 prepacked, 22.5 ms with b1 and b1.l16 only (26 ms shipped),
-    though b8.l16 alone ran 17.5 against 22.1 ms, a 1.26× gain (BENCHMARKS.md, issue 24). On the
-    AVX-512 EPYC prepacked batched text gained 1.3–3.9× and leaving it shared made throughput fall as
-    concurrency rose (issue 34). So a batched shape is prepacked for `latency` from a 1.3× gain, and
-    the validation (validate.py: a `cnclip worker` over HTTP, concurrency 1 and 8, against the
-    defaults) is what catches a tower where it still loses. `throughput` (bulk indexing) prepacks
-    every shape that gains PREPACK_GAIN."""
-    out: dict[Shape, ShapeChoice] = {}
-    for s in shapes:
-        shared = samples.get((tower, s, f"{winner.label} shared"))
-        packed = samples.get((tower, s, f"{winner.label} prepacked"))
-        if shared and packed:
-            gain = _median(shared) / _median(packed)
-            needed = PREPACK_GAIN if objective == "throughput" or s[0] == 1 else BATCHED_PREPACK_GAIN
-            keep = gain >= needed
-            out[s] = ShapeChoice(
-                prepack=keep, ms=round(min(_median(shared), _median(packed)), 3), prepack_gain=round(gain, 3)
-            )
-        else:
-            out[s] = ShapeChoice(prepack=False, ms=round(_best_ms(samples, tower, winner, s), 3))
-    return out
 
 
 def measure_streams(
@@ -300,6 +230,7 @@ def choose(
     picked, notes = fit_towers(ranked, least_mb, budget)
     winners = {t: (c, shape_choices(t, c, samples, shapes_of[t](c), options.objective)) for t, c in picked.items()}
     choices: dict[str, TowerChoice] = {}
+    per_shape: dict[str, TowerChoice] = {}  # where the one session was chosen: what replaces it over budget
     for tower, (winner, shapes) in winners.items():
         streams = 1
         if options.objective == "throughput" and len(options.cores) > 1:
@@ -312,11 +243,14 @@ def choose(
             precision=winner.precision,  # type: ignore[arg-type]
             streams=streams,
             shapes={shape_key(s): v for s, v in shapes.items()},
+            dynamic=False if "dynamic" in modes(winner) else None,
         )
-    choices = fit_prepacks(
-        choices, {t: _tower_memory(t, c, memory, len(shapes_of[t](c))) for t, c in picked.items()}, budget
-    )
-    return choices, budget, notes
+        if (one := one_session(tower, winner, samples, shapes)) is not None:
+            per_shape[tower] = choices[tower]
+            one_shapes = {shape_key(s): v for s, v in one.items()}
+            choices[tower] = choices[tower].model_copy(update={"shapes": one_shapes, "dynamic": True})
+    costs = {t: _tower_memory(t, c, memory, len(shapes_of[t](c))) for t, c in picked.items()}
+    return fit_prepacks(choices, costs, budget, per_shape), budget, notes
 
 
 def _measured_report(measured: Measured) -> dict[str, float]:
@@ -366,13 +300,14 @@ def _tower_memory(tower: str, c: Candidate, memory: dict[tuple[str, str], float]
     if least_mode(c) == "own":
         return TowerMemory(False, 0.0, memory[tower, f"{c.label} own"] / max(shapes, 1))
     prepacked = memory.get((tower, f"{c.label} prepacked"), 0.0)
-    return TowerMemory(True, memory[tower, f"{c.label} shared"], prepacked / max(shapes, 1))
+    dynamic = memory.get((tower, f"{c.label} dynamic"), 0.0)
+    return TowerMemory(True, memory[tower, f"{c.label} shared"], prepacked / max(shapes, 1), dynamic)
 
 
 def _measurements(
     samples: dict[tuple[str, Shape, str], list[float]], found: dict[str, list[Candidate]]
 ) -> list[Measurement]:
-    by_label = {f"{c.label} {m}": (c, m) for cs in found.values() for c in cs for m in ("shared", "prepacked", "own")}
+    by_label = {f"{c.label} {m}": (c, m) for cs in found.values() for c in cs for m in MODES}
     out = []
     for (tower, shape, label), values in sorted(
         samples.items(), key=lambda kv: (kv[0][0], kv[0][1][1] or 0, kv[0][1][0], kv[0][2])
@@ -386,7 +321,7 @@ def _measurements(
                 device=candidate.device,
                 precision=candidate.precision,  # type: ignore[arg-type]
                 weights=mode,  # type: ignore[arg-type]
-                ms=round(_median(values), 3),
+                ms=round(statistics.median(values), 3),
                 ms_min=round(min(values), 3),
                 ms_max=round(max(values), 3),
             )

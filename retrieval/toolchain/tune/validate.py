@@ -40,20 +40,25 @@ Rates = dict[tuple[str, int], list[float]]  # (tower, concurrency) -> items/s pe
 
 def same_as_default(choice: TowerChoice, plan: TowerPlan) -> bool:
     """The choice opens what the defaults open (then there is nothing to compare)."""
-    packed = frozenset(parse_shape_key(k) for k, v in choice.shapes.items() if v.prepack)
-    default_packed = plan.prepack if plan.share else frozenset(parse_shape_key(k) for k in choice.shapes)
-    return (choice.backend, choice.device, choice.precision, choice.streams, packed) == (
+    if (choice.backend, choice.device, choice.precision, choice.streams) != (
         plan.backend.name,
         plan.device.name,
         plan.precision,
         plan.streams,
-        default_packed,
-    )
+    ):
+        return False
+    # The same backend, device and settings: the choice runs one shape-dynamic session where the defaults do.
+    if plan.dynamic:
+        return choice.one_session()
+    packed = frozenset(parse_shape_key(k) for k, v in choice.shapes.items() if v.prepack)
+    return packed == (plan.prepack if plan.share else frozenset(parse_shape_key(k) for k in choice.shapes))
 
 
 def default_choice(plan: TowerPlan, like: TowerChoice) -> TowerChoice:
     """The defaults' configuration of a tower, as a tuning file records it (the shapes of `like`)."""
     shapes = {k: ShapeChoice(prepack=(not plan.share) or parse_shape_key(k) in plan.prepack) for k in like.shapes}
+    if plan.dynamic:
+        shapes = {k: ShapeChoice(prepack=False) for k in like.shapes}
     return TowerChoice(
         backend=plan.backend.name,
         device=plan.device.name,
@@ -61,6 +66,7 @@ def default_choice(plan: TowerPlan, like: TowerChoice) -> TowerChoice:
         streams=plan.streams,
         threads_per_stream=plan.threads_per_stream,
         shapes=shapes,
+        dynamic=plan.dynamic if plan.backend.dynamic_sessions(plan.device.name) else None,
     )
 
 
