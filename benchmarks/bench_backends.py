@@ -6,8 +6,10 @@ One run, rounds interleaved (every configuration once per case and round; median
 the cases of issue 24: image b1 and b8, text b1 at 16 and 52 tokens, text b16 at 16 tokens.
 Configurations (the same graphs and weights, one stream on all cores):
 - **shipped**: what runs without a tuning file — ONNX Runtime, its default precision (int8 on CPU when
-  the model has it), one shared weight copy (prepacking off);
-- **ORT prepacked**: the same graphs with their own prepacked copy; **ORT fp32 shared**;
+  the model has it), one shape-dynamic session for all of a tower's shapes, its own prepacked copy;
+- **ORT shared**: the same graphs, a session per shape on one shared copy (prepacking off:
+  `CNCLIP_DYNAMIC_SHAPES=false`); **ORT prepacked**: a session per shape, each its own prepacked copy;
+  **ORT fp32 shared**;
 - **OpenVINO int8** (the model's `int8-qdq` graphs, NNCF), **OpenVINO bf16** (where the CPU computes
   bf16), **OpenVINO fp32** (pinned) and **OpenVINO default** (no precision hint: what OpenVINO picks
   by itself, bf16 on AMX/AVX512_BF16 CPUs);
@@ -44,7 +46,7 @@ from retrieval.backends import BACKENDS, DEFAULT_BACKEND, backend_named  # noqa:
 from retrieval.manifest import ModelManifest  # noqa: E402
 from retrieval.sessions import dummy_batch  # noqa: E402
 from retrieval.toolchain.gate import Candidate, parity_images, parity_texts  # noqa: E402
-from retrieval.toolchain.tune.tuner import Config, open_config, time_calls  # noqa: E402
+from retrieval.toolchain.tune.measure import Config, open_config, shapes_of, time_calls  # noqa: E402
 
 CASES = (("image", 1, None), ("image", 8, None), ("text", 1, 16), ("text", 1, 52), ("text", 16, 16))
 Runner = Callable[[np.ndarray], object]
@@ -59,7 +61,8 @@ def configurations(manifest: ModelManifest) -> list[tuple[str, Candidate, str]]:
     ort = DEFAULT_BACKEND
     shipped = next(iter(ort.precisions("cpu", manifest.towers["text"].precisions())))
     out = [
-        ("shipped", Candidate(ort, "cpu", shipped, shipped), "shared"),
+        ("shipped", Candidate(ort, "cpu", shipped, shipped), "dynamic"),
+        (f"ORT {shipped} shared", Candidate(ort, "cpu", shipped, shipped), "shared"),
         (f"ORT {shipped} prepacked", Candidate(ort, "cpu", shipped, shipped), "prepacked"),
     ]
     if shipped != "fp32":
@@ -88,7 +91,9 @@ def tuned_configurations(
         backend = backend_named(choice.backend)
         graph = backend.precisions(choice.device, manifest.towers[tower].precisions())[choice.precision]
         full = length if length and length < manifest.context_length else None
-        if (bucket, full) in choice.prepacked():
+        if choice.one_session() and backend.dynamic_sessions(choice.device):
+            mode = "dynamic"
+        elif (bucket, full) in choice.prepacked():
             mode = "prepacked"
         else:
             mode = "shared" if backend.shares_weights(choice.device) else "own"
@@ -111,7 +116,9 @@ def open_runner(
         return None
     if candidate.precision == "default":  # OpenVINO with no precision hint of ours
         return _openvino_default(manifest, tower, candidate.graph, bucket, full)
-    sessions = open_config(manifest, tower, Config(candidate, mode), [(bucket, full)], sorted(os.sched_getaffinity(0)))
+    # The one shape-dynamic session is one graph for all of the tower's shapes: open them all, as serve does.
+    shapes = shapes_of(manifest, tower, candidate.graph, ()) if mode == "dynamic" else [(bucket, full)]
+    sessions = open_config(manifest, tower, Config(candidate, mode), shapes, sorted(os.sched_getaffinity(0)))
     return sessions[bucket, full].run
 
 

@@ -29,7 +29,7 @@ def test_the_side_by_side_smoke_run(tmp_path: Path) -> None:
     assert (tmp_path / "r.md").read_text() == report
     header = next(line for line in report.splitlines() if line.startswith("| case |"))
     columns = [c.strip() for c in header.strip("|").split("|")]
-    expected = ["case", "shipped", "ORT int8 prepacked", "ORT fp32 shared"]
+    expected = ["case", "shipped", "ORT int8 shared", "ORT int8 prepacked", "ORT fp32 shared"]
     expected += ["OpenVINO bf16"] if "BF16" in capabilities("CPU") else []
     assert columns == [*expected, "OpenVINO fp32", "OpenVINO default", "best PyTorch"]
     rows = {

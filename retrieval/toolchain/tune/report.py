@@ -14,14 +14,17 @@ from retrieval.tuning import TUNING_NAME, TuningFile, write_tuning
 
 
 def table(result: TuneResult) -> list[str]:
-    """Markdown rows: every measurement, × against the shipped default (ONNX Runtime's default precision,
-    shared weights) at the same shape, the chosen configuration marked."""
+    """Markdown rows: every measurement, × against the shipped default (ONNX Runtime's default precision
+    on its one shape-dynamic session where that was measured, else shared weights) at the same shape,
+    the chosen configuration marked."""
     t = result.tuning
     lines = ["| tower | shape | backend | device | precision | weights | ms (min–max) | × shipped | chosen |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]  # fmt: skip
     shipped: dict[tuple[str, str], float] = {}
-    for m in t.measurements:
-        if m.backend == ONNXRUNTIME.name and m.weights == "shared":
+    ort = [m for m in t.measurements if m.backend == ONNXRUNTIME.name]
+    default_mode = "dynamic" if any(m.weights == "dynamic" for m in ort) else "shared"
+    for m in ort:
+        if m.weights == default_mode:
             default = next(iter(ONNXRUNTIME.precisions(m.device, ["int8", "fp32", "fp16"])), None)
             if m.precision == default or (m.tower, m.shape) not in shipped:
                 shipped[m.tower, m.shape] = m.ms

@@ -53,11 +53,10 @@ from retrieval.toolchain.tune.measure import (
     modes,
     open_config,
     shapes_of,
-    time_calls,
 )
 from retrieval.toolchain.tune.memory import TowerMemory, fit_prepacks, fit_towers, peak_rss_mb, reset_peak_rss
 from retrieval.toolchain.tune.noise import load_average, noise_reason, others_now
-from retrieval.toolchain.tune.ranking import MODES, PREPACK_GAIN, one_session, rank_tower, shape_choices
+from retrieval.toolchain.tune.ranking import MODES, one_session, rank_tower, shape_choices
 from retrieval.toolchain.tune.validate import validate
 from retrieval.tower_plan import weight_bytes
 from retrieval.tuning import (
@@ -74,8 +73,7 @@ from retrieval.tuning import (
 )
 from retrieval.types import TOWERS
 
-# Re-exported: the benchmarks time sessions the way the tuner does.
-__all__ = ["Config", "PREPACK_GAIN", "TuneOptions", "TuneResult", "measure", "open_config", "run_tune", "time_calls"]
+__all__ = ["TuneOptions", "TuneResult", "candidates", "measure", "run_tune"]
 
 
 @dataclass
