@@ -281,4 +281,7 @@ def test_latency_prepacks_batched_shapes_only_at_a_larger_gain_throughput_every_
         chosen = shape_choices("text", ort, samples, list(gains), objective)
         assert {s for s, c in chosen.items() if c.prepack} == packed, objective
         assert chosen[16, 16].prepack_gain == round(BATCHED_PREPACK_GAIN - 0.05, 3)  # measured either way
-        assert chosen[16, 16].ms == 10.0
+        # The time of what runs: shared where the gain was too small to keep (the one-session
+        # comparison reads it: a per-shape choice is not credited with a prepacking it does not do).
+        shared_ms = round(10.0 * (BATCHED_PREPACK_GAIN - 0.05), 3)
+        assert chosen[16, 16].ms == (10.0 if objective == "throughput" else shared_ms), objective

@@ -75,9 +75,8 @@ def shape_choices(
             gain = _median(shared) / _median(packed)
             needed = PREPACK_GAIN if objective == "throughput" or s[0] == 1 else BATCHED_PREPACK_GAIN
             keep = gain >= needed
-            out[s] = ShapeChoice(
-                prepack=keep, ms=round(min(_median(shared), _median(packed)), 3), prepack_gain=round(gain, 3)
-            )
+            ms = _median(packed) if keep else _median(shared)  # what runs: a gain too small to keep is not had
+            out[s] = ShapeChoice(prepack=keep, ms=round(ms, 3), prepack_gain=round(gain, 3))
         else:
             out[s] = ShapeChoice(prepack=False, ms=round(_best_ms(samples, tower, winner, s), 3))
     return out
