@@ -116,7 +116,7 @@ class Fingerprint(_Strict):
 
 class ShapeChoice(_Strict):
     prepack: bool
-    ms: float | None = Field(None, ge=0, le=3.6e6)  # the chosen configuration's median
+    ms: float | None = Field(None, ge=0, le=3.6e6)  # the chosen configuration's fastest pass (its median call)
     prepack_gain: float | None = Field(None, ge=0, le=1000)  # shared ms / prepacked ms
 
 

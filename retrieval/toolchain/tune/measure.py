@@ -8,8 +8,9 @@ before the next opens, so the peak is the base plus the largest configuration.
 Fairness without everything open: re-opening per call (a round-robin over configurations) would
 cost an engine compile per sample, so each configuration's shapes are measured as a block, and the
 blocks are repeated over `passes` (≥ 2) whose order alternates — rotated by the pass and reversed on
-odd passes — so a slow minute falls on different configurations in each pass and a configuration's
-median over passes is not one unlucky block. A case whose pass medians disagree by more than twice
+odd passes — so a slow minute falls on different configurations in each pass, and the choice reads
+each configuration's fastest pass (retrieval/toolchain/tune/ranking.py: a pass opens it afresh, and
+what differs between passes only slows one down). A case whose pass medians disagree by more than twice
 the call spread bound counts as noisy, like a case whose calls did (retrieval/toolchain/tune/noise.py).
 """
 

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Callable
 
 from retrieval.errors import ModelError
@@ -16,8 +15,13 @@ MODES = ("shared", "prepacked", "own", "dynamic")  # how a configuration's sessi
 BATCHED_PREPACK_GAIN = 1.3  # `latency`: a batched shape's prepacked copy only at this gain (see shape_choices)
 
 
-def _median(values: list[float]) -> float:
-    return statistics.median(values)
+def _fastest_pass(values: list[float]) -> float:
+    """A configuration's time at a shape, from its passes' medians: the fastest pass. Every pass opens
+    the configuration afresh, and what differs between passes only slows one down — other work, and on
+    some hosts a session drawn slow for its whole life when it opens (~1.45× on an AVX-512 EPYC VM,
+    BENCHMARKS.md, issue 34) — so the fastest pass is the nearest to what the configuration does; the
+    median of two passes is their mean, half a slow draw."""
+    return min(values)
 
 
 def rank_tower(
@@ -45,7 +49,7 @@ def rank_tower(
 
 
 def _best_ms(samples: dict[tuple[str, Shape, str], list[float]], tower: str, c: Candidate, shape: Shape) -> float:
-    times = [_median(v) for m in MODES if (v := samples.get((tower, shape, f"{c.label} {m}")))]
+    times = [_fastest_pass(v) for m in MODES if (v := samples.get((tower, shape, f"{c.label} {m}")))]
     return min(times) if times else math.inf
 
 
@@ -72,10 +76,12 @@ def shape_choices(
         shared = samples.get((tower, s, f"{winner.label} shared"))
         packed = samples.get((tower, s, f"{winner.label} prepacked"))
         if shared and packed:
-            gain = _median(shared) / _median(packed)
+            gain = _fastest_pass(shared) / _fastest_pass(packed)
             needed = PREPACK_GAIN if objective == "throughput" or s[0] == 1 else BATCHED_PREPACK_GAIN
             keep = gain >= needed
-            ms = _median(packed) if keep else _median(shared)  # what runs: a gain too small to keep is not had
+            ms = (
+                _fastest_pass(packed) if keep else _fastest_pass(shared)
+            )  # what runs: a gain too small to keep is not had
             out[s] = ShapeChoice(prepack=keep, ms=round(ms, 3), prepack_gain=round(gain, 3))
         else:
             out[s] = ShapeChoice(prepack=False, ms=round(_best_ms(samples, tower, winner, s), 3))
@@ -97,7 +103,7 @@ def one_session(
     times = {s: samples.get((tower, s, label)) for s in shapes}
     if not times or not all(times.values()):
         return None
-    ratios = [ms / _median(v) for s, v in times.items() if v and (ms := shapes[s].ms)]  # per-shape ÷ one
+    ratios = [ms / _fastest_pass(v) for s, v in times.items() if v and (ms := shapes[s].ms)]  # per-shape ÷ one
     if ratios and math.exp(sum(math.log(r) for r in ratios) / len(ratios)) * PREPACK_GAIN < 1.0:
         return None
-    return {s: ShapeChoice(prepack=False, ms=round(_median(v), 3)) for s, v in times.items() if v}
+    return {s: ShapeChoice(prepack=False, ms=round(_fastest_pass(v), 3)) for s, v in times.items() if v}
