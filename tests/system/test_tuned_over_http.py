@@ -35,7 +35,20 @@ def test_a_tuned_worker_is_not_slower_than_the_default_over_http(tmp_path: Path)
     tuning = TuningFile.model_validate_json(tuning_path.read_text())
     assert tuning.trusted and tuning.report is not None
     context = ModelManifest.load(model).context_length
+    # A worker's sessions run at the speed drawn when they open, for the worker's life (on some hosts
+    # two speeds ~1.45× apart: BENCHMARKS.md, issue 34), so one pair of workers can measure a draw.
+    # A choice that really loses loses with fresh workers too: a second pair decides.
+    ratios, rates = _ratios(model, tuning_path, tmp_path, context)
+    if min(ratios.values()) < FLOOR:
+        ratios, rates = _ratios(model, tuning_path, tmp_path, context)
+    for (tower, concurrency), ratio in ratios.items():
+        assert ratio >= FLOOR, (tower, concurrency, ratio, rates, tuning.report.validation)
 
+
+def _ratios(
+    model: Path, tuning_path: Path, tmp_path: Path, context: int
+) -> tuple[dict[tuple[str, int], float], dict[tuple[bool, str, int], list[float]]]:
+    """Tuned ÷ default items/s per (tower, concurrency), medians of ABBA rounds, from a fresh pair of workers."""
     rates: dict[tuple[bool, str, int], list[float]] = {}
     with running_worker(model, tuning_path) as tuned, running_worker(model, tmp_path / "absent.json") as default:
         assert set(tuned.plan_sources().values()) == {"tuning file"}
@@ -50,13 +63,12 @@ def test_a_tuned_worker_is_not_slower_than_the_default_over_http(tmp_path: Path)
                     for worker in order + order[::-1]:  # ABBA: drift in time falls on both alike
                         rate = served_rate(worker, loads[worker is tuned, tower], concurrency, WINDOW_S)
                         rates.setdefault((worker is tuned, tower, concurrency), []).append(rate)
-
-    for tower in ("text", "image"):
-        for concurrency in (1, 8):
-            ratio = statistics.median(rates[True, tower, concurrency]) / statistics.median(
-                rates[False, tower, concurrency]
-            )
-            assert ratio >= FLOOR, (tower, concurrency, ratio, rates, tuning.report.validation)
+    ratios = {
+        (tower, c): statistics.median(rates[True, tower, c]) / statistics.median(rates[False, tower, c])
+        for tower in ("text", "image")
+        for c in (1, 8)
+    }
+    return ratios, rates
 
 
 def test_the_validation_worker_runs_our_code_wherever_tune_is_started(
