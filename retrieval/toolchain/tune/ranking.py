@@ -1,5 +1,5 @@
 """How the tuner ranks what it measured: the candidate per tower, and how its sessions hold weights
-(shared, prepacked per shape, or one shape-dynamic session) — from the per-shape medians alone."""
+(shared, prepacked per shape, or one shape-dynamic session) — from the per-shape times alone."""
 
 from __future__ import annotations
 
@@ -24,6 +24,10 @@ def _fastest_pass(values: list[float]) -> float:
     return min(values)
 
 
+def _geometric_mean(ratios: list[float]) -> float:
+    return math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+
+
 def rank_tower(
     tower: str,
     options_: list[Candidate],
@@ -41,8 +45,7 @@ def rank_tower(
             fastest[s] = min(fastest.get(s, math.inf), _best_ms(samples, tower, c, s))
 
     def score(c: Candidate) -> float:
-        ratios = [_best_ms(samples, tower, c, s) / fastest[s] for s in shapes_of(c)]
-        return math.exp(sum(math.log(r) for r in ratios) / len(ratios))
+        return _geometric_mean([_best_ms(samples, tower, c, s) / fastest[s] for s in shapes_of(c)])
 
     # Ties keep the backend's order of preference (sorted is stable).
     return sorted(((score(c), c) for c in measured), key=lambda sc: sc[0])
@@ -79,9 +82,8 @@ def shape_choices(
             gain = _fastest_pass(shared) / _fastest_pass(packed)
             needed = PREPACK_GAIN if objective == "throughput" or s[0] == 1 else BATCHED_PREPACK_GAIN
             keep = gain >= needed
-            ms = (
-                _fastest_pass(packed) if keep else _fastest_pass(shared)
-            )  # what runs: a gain too small to keep is not had
+            # The time of what runs: a gain too small to keep is not had.
+            ms = _fastest_pass(packed) if keep else _fastest_pass(shared)
             out[s] = ShapeChoice(prepack=keep, ms=round(ms, 3), prepack_gain=round(gain, 3))
         else:
             out[s] = ShapeChoice(prepack=False, ms=round(_best_ms(samples, tower, winner, s), 3))
@@ -104,6 +106,6 @@ def one_session(
     if not times or not all(times.values()):
         return None
     ratios = [ms / _fastest_pass(v) for s, v in times.items() if v and (ms := shapes[s].ms)]  # per-shape ÷ one
-    if ratios and math.exp(sum(math.log(r) for r in ratios) / len(ratios)) * PREPACK_GAIN < 1.0:
+    if ratios and _geometric_mean(ratios) * PREPACK_GAIN < 1.0:
         return None
     return {s: ShapeChoice(prepack=False, ms=round(_fastest_pass(v), 3)) for s, v in times.items() if v}
