@@ -74,6 +74,7 @@ class LocalEncoder:
         self.precision: dict[str, str] = {}
         self.buckets: dict[str, list[int]] = {}
         self.text_lengths: list[int] = [self.context_length]  # length buckets, ascending; the last is the full one
+        self.tight_text = False  # every text stream runs any length: a group runs at its longest row
         self._session_factory = session_factory
         self._batchers: dict[str, DynamicBatcher] = {}
         self._pools: dict[str, StreamPool] = {}
@@ -220,6 +221,7 @@ class LocalEncoder:
                 else "the batcher pads only where it pays"
             )
             log.info("%s batches, ms per row at warm-up (%s): %s", tower, how, per_row)
+        self.tight_text = min((st.session.any_length for st in streams["text"]), default=0) >= self.text_lengths[-1]
         workers = max(1, sum(len(p) for p in cpu_thread_plan(self.settings.streams, self.settings.threads_per_stream)))
         placements = {plan.placement() + f" ({plan.device.reason})" for plan in self.plans.values()}
         # Shared by requests in turns (retrieval/fair_pool.py): one request of many images cannot hold them all.
@@ -227,7 +229,7 @@ class LocalEncoder:
         self._ready = True
         log.info(
             "encoder %s ready in %.1fs: provider %s; precision text=%s image=%s; buckets %s; "
-            "text lengths %s (%d text graphs warmed per stream); %d stream(s)",
+            "text lengths %s%s (%d text graphs warmed per stream); %d stream(s)",
             self.model_id,
             time.perf_counter() - started,
             " / ".join(sorted(placements)),
@@ -235,6 +237,7 @@ class LocalEncoder:
             self.precision["image"],
             self.buckets["text"],
             self.text_lengths,
+            ", any length between them unpadded" if self.tight_text else "",
             len(self.buckets["text"]) * len(self.text_lengths),
             max(plan.streams for plan in self.plans.values()),
         )
@@ -293,7 +296,7 @@ class LocalEncoder:
         )
 
     async def _submit_by_length(self, ids: np.ndarray, preprocess_s: float) -> np.ndarray:
-        groups = split_by_length(ids, self.text_lengths)
+        groups = split_by_length(ids, self.text_lengths, tight=self.tight_text)
         if len(groups) == 1:
             return await self._submit("text", groups[0][1], preprocess_s)
         vectors = await asyncio.gather(*(self._submit("text", group, preprocess_s) for _, group in groups))

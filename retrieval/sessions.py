@@ -59,6 +59,7 @@ class BucketedSession:
         self.shapes = list(self.sessions)
         self.buckets = sorted({bucket for bucket, _ in self.shapes})
         self.any_batch = 0  # set by `Stream.warm_up` (the sessions open at their first run)
+        self.any_length = 0  # the same, for text widths
 
     def any_batch_up_to(self) -> int:
         """The most rows every graph here runs at any batch size from 1, unpadded (ONNX Runtime's one
@@ -66,9 +67,15 @@ class BucketedSession:
         limits = [int(getattr(s, "any_batch_up_to", lambda: 0)()) for s in self.sessions.values()]
         return min(limits, default=0)
 
+    def any_length_up_to(self) -> int:
+        """The longest text every graph here runs at any width (its batch's longest row: one
+        shape-dynamic session over several length buckets); 0: length buckets only."""
+        limits = [int(getattr(s, "any_length_up_to", lambda: 0)()) for s in self.sessions.values()]
+        return min(limits, default=0) if self.tower == "text" else 0
+
     def run(self, batch: np.ndarray) -> np.ndarray:
         """Run a batch whose size is one of the buckets, or up to `any_batch_up_to()` (and, for text,
-        whose width is a length bucket)."""
+        whose width is a length bucket, or any width up to `any_length_up_to()`)."""
         rows = len(batch)
         # A size between buckets runs on the next bucket's session: where that takes any size, unpadded.
         key = next((b for b in self.buckets if b >= rows), rows) if self.any_batch else rows
@@ -197,6 +204,7 @@ class Stream:
                 raise ModelError(f"{name} returned {out.shape[0]} rows")
             log.debug("warmed %s in %.3fs", name, time.perf_counter() - start)
         self.session.any_batch = self.session.any_batch_up_to()
+        self.session.any_length = self.session.any_length_up_to()
         self._time_buckets(image_size, context_length)
 
     def _time_buckets(self, image_size: int, context_length: int) -> None:

@@ -9,6 +9,12 @@ holds all its tokens.
 Cutting the padding off is exact: padding (id 0) is masked out of attention, and every position
 a real token sees is the same in a shorter graph. So a row's vector does not depend on the length
 it ran at (the converter's parity gate and the tests check it).
+
+Where a stream runs any length (ONNX Runtime's one shape-dynamic session over several length
+graphs, retrieval/backends/ort_batch.py), a group is cut tighter still, to its longest row: a
+10-token query runs at 10, not 16 (issue 34: the padding was up to 40 % of a short query's work).
+Exact in fp32; dynamic int8 takes its activation ranges over the whole batch, padding included, so
+a vector moves by as little as it does with its batchmates (tests/retrieval/test_tight_text.py).
 """
 
 from __future__ import annotations
@@ -20,6 +26,8 @@ import numpy as np
 from retrieval.errors import ModelError
 
 PAD_ID = 0
+# The narrowest tight width: [CLS] and [SEP], what the tokenizer gives the empty text.
+MIN_TIGHT_WIDTH = 2
 
 
 def used_lengths(ids: np.ndarray) -> np.ndarray:
@@ -42,17 +50,21 @@ def shortest_length(used: int, lengths: Sequence[int]) -> int:
     raise ModelError(f"{used} tokens do not fit the longest text graph ({lengths[-1]})")
 
 
-def split_by_length(ids: np.ndarray, lengths: Sequence[int]) -> list[tuple[np.ndarray, np.ndarray]]:
+def split_by_length(
+    ids: np.ndarray, lengths: Sequence[int], tight: bool = False
+) -> list[tuple[np.ndarray, np.ndarray]]:
     """Group rows by the shortest length that holds them: [(row indices, ids cut to that length)].
 
-    Groups come shortest first; each group's ids are a contiguous int64 array of shape (k, length).
+    Groups come shortest first; each group's ids are a contiguous int64 array of shape (k, length),
+    or with `tight` (a session that runs any length) (k, its longest row, at least MIN_TIGHT_WIDTH).
     """
     used = used_lengths(ids)
     chosen = np.array([shortest_length(int(u), lengths) for u in used], dtype=np.int64)
     groups = []
     for length in sorted(set(chosen.tolist())):
         rows = np.flatnonzero(chosen == length)
-        groups.append((rows, np.ascontiguousarray(ids[rows, :length], dtype=np.int64)))
+        width = min(length, max(int(used[rows].max()), MIN_TIGHT_WIDTH)) if tight else length
+        groups.append((rows, np.ascontiguousarray(ids[rows, :width], dtype=np.int64)))
     return groups
 
 

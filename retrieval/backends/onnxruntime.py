@@ -212,6 +212,11 @@ class OrtSession:
         shape-dynamic session); 0 where it runs its own bucket's size only."""
         return self._graphs.any_batch_up_to(self._path) if self._graphs is not None else 0
 
+    def any_length_up_to(self) -> int:
+        """The longest text this graph's session runs at any length (its batch's longest row, not a
+        length bucket); 0 where it runs its own bucket's length only."""
+        return self._graphs.any_length_up_to(self._path) if self._graphs is not None else 0
+
     def run(self, batch: np.ndarray) -> np.ndarray:
         session = self._graphs.session_for(self._path) if self._graphs is not None else self._session
         return session.run([self.output_name], {self.input_name: batch})[0]
@@ -266,7 +271,7 @@ class StreamGraphs:
         self.config = dataclasses.replace(config)
         self.paths: list[Path] = []
         self.sessions: dict[Path, Any] = {}
-        self.batches: dict[Path, tuple[int, int]] = {}  # a shape-dynamic session's (least, most) rows
+        self.bounds: dict[Path, list[tuple[int, int]]] = {}  # a shape-dynamic session's (least, most) per axis
         self._lock = threading.Lock()  # streams are single-threaded; this only guards a misuse
 
     @classmethod
@@ -287,8 +292,16 @@ class StreamGraphs:
 
     def any_batch_up_to(self, path: Path) -> int:
         self.session_for(path)
-        least, most = self.batches.get(path, (0, 0))
+        least, most = self.bounds.get(path, [(0, 0)])[0]
         return most if least == 1 else 0
+
+    def any_length_up_to(self, path: Path) -> int:
+        """The longest text this graph's session runs at any length, unpadded: one session whose
+        graph spans several length buckets, so its length axis is free (retrieval/text_lengths.py,
+        "tight" widths); 0 where it runs its own bucket's length only."""
+        self.session_for(path)
+        axes = self.bounds.get(path, [])
+        return axes[1][1] if len(axes) == 2 and axes[1][0] < axes[1][1] else 0
 
     def _open(self, pending: list[Path]) -> None:
         try:
@@ -324,7 +337,7 @@ class StreamGraphs:
             return False
         log.debug("onnxruntime: %s run on one session (%d shape constants rebuilt)", names, graph.rebuilt)
         self.sessions.update(dict.fromkeys(paths.values(), session))
-        self.batches.update(dict.fromkeys(paths.values(), graph.bounds[0]))
+        self.bounds.update(dict.fromkeys(paths.values(), graph.bounds))
         return True
 
 

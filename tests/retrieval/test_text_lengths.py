@@ -154,10 +154,12 @@ def encode(settings: Settings, texts_per_call: list[list[str]], **update) -> tup
 def test_each_text_runs_in_the_shortest_graph_and_gets_the_full_graphs_vector(
     settings: Settings, toy_lengths: Path
 ) -> None:
-    base = {"model_dir": toy_lengths, "buckets": [1, 4], "precision": "fp32"}
+    # A session per bucket graph (CNCLIP_DYNAMIC_SHAPES=false); the one shape-dynamic session runs
+    # each text at its own length (tests/retrieval/test_tight_text.py).
+    base = {"model_dir": toy_lengths, "buckets": [1, 4], "precision": "fp32", "dynamic_shapes": False}
     texts = [SHORT, QUERY, CAPTION, LONG]
     bucketed, encoder = encode(settings, [[t] for t in texts], **base)
-    assert encoder.text_lengths == [16, 32, 52]
+    assert encoder.text_lengths == [16, 32, 52] and not encoder.tight_text
     assert RecordingSession.shapes == [(1, 16), (1, 16), (1, 32), (1, 52)]
     full, encoder = encode(settings, [[t] for t in texts], **base, text_lengths=[52])
     assert encoder.text_lengths == [52] and RecordingSession.shapes == [(1, 52)] * 4
@@ -193,15 +195,17 @@ def test_every_batch_and_length_pair_is_warmed_and_logged(
 
     asyncio.run(main())
     assert sorted({w for w in warmed if len(w) == 2}) == [(b, n) for b in (1, 4) for n in (16, 32, 52)]
-    assert "text lengths [16, 32, 52] (6 text graphs warmed per stream)" in caplog.text
+    assert "text lengths [16, 32, 52], any length between them unpadded (6 text graphs warmed" in caplog.text
 
 
 def test_text_lengths_setting_chooses_among_the_models_lengths(settings: Settings, toy_lengths: Path) -> None:
     base = {"model_dir": toy_lengths, "buckets": [1, 4]}
     _, encoder = encode(settings, [[QUERY, CAPTION]], **base, text_lengths=[16])
     assert encoder.text_lengths == [16, 52]
-    # split, or merged at the longest (unpadded on the one shape-dynamic session, CNCLIP_DYNAMIC_SHAPES)
-    assert sorted(RecordingSession.shapes) in ([(1, 16), (1, 52)], [(2, 52)])
+    # split, or merged at the longest; each cut to its own length on the one shape-dynamic session
+    assert sorted(RecordingSession.shapes) in ([(1, 10), (1, 25)], [(2, 25)])
+    _, encoder = encode(settings, [[QUERY, CAPTION]], **base, text_lengths=[16], dynamic_shapes=False)
+    assert sorted(RecordingSession.shapes) in ([(1, 16), (1, 52)], [(4, 52)])  # merged: padded to bucket 4
     with pytest.raises(ModelError, match=r"CNCLIP_TEXT_LENGTHS asks for \[24\].*have lengths \[16, 32, 52\]"):
         encode(settings, [], **base, text_lengths=[24])
     with pytest.raises(ValueError, match="at least 2 tokens"):
@@ -221,7 +225,7 @@ def test_token_ids_sent_as_tensors_use_the_length_buckets_too(settings: Settings
             await encoder.close()
 
     asyncio.run(main())
-    assert RecordingSession.shapes == [(1, 16)]
+    assert RecordingSession.shapes == [(1, 10)]  # cut as a text is: to its own 10 tokens on the one session
 
 
 # --- batches of mixed lengths ------------------------------------------------------------------------
@@ -263,7 +267,7 @@ def test_concurrent_queries_of_two_lengths_share_one_batch(settings: Settings, t
             await encoder.close()
 
     a, b = asyncio.run(main())
-    assert RecordingSession.shapes == [(3, 32)]  # 3 rows at the longest length, unpadded (one dynamic session)
+    assert RecordingSession.shapes == [(3, 25)]  # 3 rows at the longest row's length, unpadded (one dynamic session)
     config = SessionConfig(provider="cpu", precision="fp32")
     manifest = ModelManifest.load(toy_lengths)
     alone = OrtSession(manifest.graph_path("text", "fp32", 1, 16), config, "text", "text_features")
