@@ -14,6 +14,9 @@ ids: to `cnclip_text` of our servers, which pick the length bucket themselves, a
 `cnclip_text_lN` that holds the query on Triton, as the remote encoder sends), `image-bytes` (JPEG
 files to `cnclip_image_bytes`: decoding on the server, Triton's preprocess → cnclip_image ensemble),
 `image-tensor` (preprocessed FP32 pixels to `cnclip_image`), and `text-json` (JSON tensors; not by default).
+The queries are 7-8 tokens ("猫狗的照片": [CLS], the characters, [SEP]): our servers run them at that
+length on ONNX Runtime's one shape-dynamic session, Triton in its 16-token graph. `--query-tokens 16`
+sends queries of exactly 16 tokens, where both run the same work.
 
 The load comes from Triton's `perf_analyzer` where it runs, else (one line says why) from the
 project's closed-loop client (retrieval/toolchain/http_load.py): N clients, each sending its next request
@@ -67,6 +70,7 @@ SERVERS = ("worker", "serve", "triton")
 PATHS = ("text", "image-bytes", "image-tensor", "text-json")
 # One Chinese character per digit: query i spells i in base len(CHARS), so no two requests share token ids.
 CHARS = [w for w in QUERY_WORDS if len(w) == 1 and not w.isascii()]
+FILLER = "在公园里"  # what fills a query out to `--query-tokens`
 TEXT_REQUESTS = 20_000  # distinct queries per server and text path, more than the default query cache holds
 STARTUP_S = 900.0  # a large model warms every bucket before /readyz answers
 
@@ -80,12 +84,24 @@ def distinct_query(i: int) -> str:
     return "".join(digits) + "的照片"
 
 
+def sized_query(i: int, tokens: int) -> str:
+    """`distinct_query(i)`, filled out to exactly `tokens` tokens with [CLS] and [SEP] (one token per
+    character; 0: as it is), so a server's cost per query can be compared at a length bucket's own."""
+    query, room = distinct_query(i), tokens - 2
+    if not tokens:
+        return query
+    if room < len(query):
+        raise ValueError(f"query {i} takes {len(query) + 2} tokens, more than {tokens}")
+    return (query + FILLER * room)[:room]
+
+
 @dataclass
 class Server:
     name: str
     host: str
     port: int
     text_lengths: list[int]  # the text models it serves by length; [context_length]: only cnclip_text
+    query_tokens: int = 0  # the length of the queries the client sends it (0: the short distinct ones)
 
 
 def served_buckets(args: argparse.Namespace) -> list[int]:
@@ -136,14 +152,14 @@ def started(args: argparse.Namespace, workdir: Path) -> Iterator[list[Server]]:
                 stack.callback(triton.close)
                 host, triton_port = triton.url.split(":")
                 lengths = [n for n in manifest.text_lengths(args.precision) if (repository / text_model(n)).is_dir()]
-                servers.append(Server(name, host, int(triton_port), [*lengths, context]))
+                servers.append(Server(name, host, int(triton_port), [*lengths, context], args.query_tokens))
                 continue
             port = free_port()
             command = [name, "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
             server = CliServer(command, server_env(args, workdir / f"{name}-data"), workdir / f"{name}.log")
             stack.callback(server.stop)
             server.start(startup_s=STARTUP_S)
-            servers.append(Server(name, "127.0.0.1", port, [context]))
+            servers.append(Server(name, "127.0.0.1", port, [context], args.query_tokens))
         yield servers
 
 
@@ -155,7 +171,7 @@ def photos(count: int, width: int, height: int) -> list[bytes]:
 
 def text_ids(server: Server, i: int) -> tuple[str, np.ndarray]:
     """(model, ids) for query `i` as a client of `server` sends it: cut to the shortest text model that holds it."""
-    ((_, ids),) = split_by_length(tokenize([distinct_query(i)]), server.text_lengths)
+    ((_, ids),) = split_by_length(tokenize([sized_query(i, server.query_tokens)]), server.text_lengths)
     return text_model(None if ids.shape[1] == server.text_lengths[-1] else ids.shape[1]), ids
 
 
@@ -331,6 +347,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved repeats; the table gives medians")
     parser.add_argument("--images", type=int, default=64, help="distinct photos the image paths cycle through")
     parser.add_argument("--photo", type=lambda v: tuple(ints(v.replace("x", ","))), default=(1024, 768), help="WxH")
+    parser.add_argument(
+        "--query-tokens",
+        type=int,
+        default=0,
+        help="text queries of exactly this many tokens (0: short distinct ones, 7-8 tokens)",
+    )
     parser.add_argument("--query-cache", type=int, default=0, help="CNCLIP_QUERY_CACHE_SIZE of worker/serve (0: off)")
     parser.add_argument("--own-client", action="store_true", help="the project's client even where perf_analyzer runs")
     parser.add_argument(
@@ -361,7 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     lines = [
         f"{started_at:%Y-%m-%d %H:%M} UTC; {before}; at the end load {os.getloadavg()[0]:.2f}",
         f"model {args.model}, {args.precision}, buckets {served_buckets(args)}; {args.rounds} round(s) × {args.duration:g} s "
-        f"per cell after {args.warmup:g} s warm-up; photos {args.photo[0]}×{args.photo[1]}"
+        f"per cell after {args.warmup:g} s warm-up; photos {args.photo[0]}×{args.photo[1]}; text queries "
+        + (f"{args.query_tokens} tokens" if args.query_tokens else "7-8 tokens")
         + (f"; worker/serve settings {' '.join(args.setting)}" if args.setting else ""),
         f"load: {load_tool}; {tool.note}",
         cache,

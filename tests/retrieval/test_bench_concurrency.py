@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 
 from benchmarks import perf_analyzer_check
-from benchmarks.bench_concurrency import Server, distinct_query, perf_analyzer_cell, verdicts
+from benchmarks.bench_concurrency import Server, distinct_query, perf_analyzer_cell, sized_query, verdicts
 from benchmarks.perf_analyzer_check import PerfAnalyzer, find_perf_analyzer, read_csv
+from retrieval.text_lengths import used_lengths
 from retrieval.tokenizer import tokenize
 from retrieval.toolchain.http_load import closed_loop, http_request
 
@@ -94,6 +95,11 @@ def test_every_query_number_gives_other_token_ids() -> None:
     rows = tokenize([distinct_query(i) for i in range(3000)])
     assert len({row.tobytes() for row in rows}) == 3000
     assert all(len(distinct_query(i)) >= 5 for i in range(100))  # two characters at least, and "的照片"
+    # --query-tokens 16: every query exactly 16 tokens long, still distinct.
+    sized = tokenize([sized_query(i, 16) for i in range(3000)])
+    assert set(used_lengths(sized).tolist()) == {16} and len({row.tobytes() for row in sized}) == 3000
+    with pytest.raises(ValueError, match="more than 6"):
+        sized_query(0, 6)
 
 
 def fake_program(path: Path, script: str, size: int | None = None) -> str:
