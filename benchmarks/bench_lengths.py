@@ -9,8 +9,9 @@ In one run, rounds interleaved (every configuration once per round; medians with
    length — what the batcher does when it merges concurrent requests — or (b) split into one batch
    per length, each cut as the batcher cuts it (`choose_batch`);
 3. **encoder**: `LocalEncoder` with closed-loop clients sending one short query each (2–6 words,
-   ≤ 14 tokens), at concurrency 1 and 16, with every length bucket against `CNCLIP_TEXT_LENGTHS=[52]`
-   (the 52-token graphs only). The query cache is off: every request reaches the model.
+   ≤ 14 tokens), at concurrency 1 and 16, with every length bucket — each text at its own length on
+   the one shape-dynamic session (the default), and padded to its bucket — against
+   `CNCLIP_TEXT_LENGTHS=[52]` (the 52-token graphs only). The query cache is off: every request reaches the model.
 Needs a model directory converted with `--text-lengths` (e.g. `cnclip convert --arch ViT-B-16
 --random-init --out DIR --precision fp32,int8`).
 """
@@ -119,10 +120,14 @@ def bench_mixes(
     return out
 
 
-async def encoder_point(settings: RuntimeSettings, concurrency: int, seconds: float) -> tuple[float, float]:
-    """(queries/s, p50 ms) of closed-loop clients each sending one short query at a time."""
+async def encoder_point(
+    settings: RuntimeSettings, concurrency: int, seconds: float, tight: bool = True
+) -> tuple[float, float]:
+    """(queries/s, p50 ms) of closed-loop clients each sending one short query at a time; `tight`
+    False: every text padded to its length bucket even where the session runs any length."""
     encoder = LocalEncoder(settings)
     await encoder.start()
+    encoder.tight_text = encoder.tight_text and tight
     texts = text_payloads(4096, seed=3)
     latencies: list[float] = []
     try:
@@ -155,13 +160,17 @@ def bench_encoder(model: Path, precision: str, rounds: int, seconds: float, conc
         buckets=[1, 4, 8, 16],
         query_cache_size=0,
     )
-    configs = {"every length": base, "52 only": base.model_copy(update={"text_lengths": [52]})}
+    configs = {
+        "every length, each text at its own (the default)": (base, True),
+        "every length, padded to its bucket": (base, False),
+        "52 only": (base.model_copy(update={"text_lengths": [52]}), True),
+    }
     results: dict[tuple[str, int], list[tuple[float, float]]] = {}
     for _ in range(rounds):
-        for name, settings in configs.items():
+        for name, (settings, tight) in configs.items():
             for concurrency in concurrencies:
                 results.setdefault((name, concurrency), []).append(
-                    asyncio.run(encoder_point(settings, concurrency, seconds))
+                    asyncio.run(encoder_point(settings, concurrency, seconds, tight))
                 )
     return results
 
