@@ -88,11 +88,9 @@ def sized_query(i: int, tokens: int) -> str:
     """`distinct_query(i)`, filled out to exactly `tokens` tokens with [CLS] and [SEP] (one token per
     character; 0: as it is), so a server's cost per query can be compared at a length bucket's own."""
     query, room = distinct_query(i), tokens - 2
-    if not tokens:
-        return query
-    if room < len(query):
+    if tokens and room < len(query):
         raise ValueError(f"query {i} takes {len(query) + 2} tokens, more than {tokens}")
-    return (query + FILLER * room)[:room]
+    return (query + FILLER * room)[:room] if tokens else query
 
 
 @dataclass
@@ -347,12 +345,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved repeats; the table gives medians")
     parser.add_argument("--images", type=int, default=64, help="distinct photos the image paths cycle through")
     parser.add_argument("--photo", type=lambda v: tuple(ints(v.replace("x", ","))), default=(1024, 768), help="WxH")
-    parser.add_argument(
-        "--query-tokens",
-        type=int,
-        default=0,
-        help="text queries of exactly this many tokens (0: short distinct ones, 7-8 tokens)",
-    )
+    parser.add_argument("--query-tokens", type=int, default=0, help="queries of exactly N tokens (0: 7-8 tokens)")
     parser.add_argument("--query-cache", type=int, default=0, help="CNCLIP_QUERY_CACHE_SIZE of worker/serve (0: off)")
     parser.add_argument("--own-client", action="store_true", help="the project's client even where perf_analyzer runs")
     parser.add_argument(
