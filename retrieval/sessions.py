@@ -71,7 +71,7 @@ class BucketedSession:
         """The longest text every graph here runs at any width (its batch's longest row: one
         shape-dynamic session over several length buckets); 0: length buckets only."""
         limits = [int(getattr(s, "any_length_up_to", lambda: 0)()) for s in self.sessions.values()]
-        return min(limits, default=0) if self.tower == "text" else 0
+        return min(limits, default=0)  # 0 for images: their graphs have no length axis
 
     def run(self, batch: np.ndarray) -> np.ndarray:
         """Run a batch whose size is one of the buckets, or up to `any_batch_up_to()` (and, for text,
