@@ -11,6 +11,7 @@ scaled (not clipped) to 8 bits. Every failure becomes `InvalidImage` with a huma
 
 from __future__ import annotations
 
+import functools
 import io
 import struct
 import warnings
@@ -130,12 +131,24 @@ def _check_scans(data: bytes) -> None:
     the bytes FF DA (start of scan) counts the scans, or more (an EXIF thumbnail's own): never fewer."""
     if bytes(data[:2]) != b"\xff\xd8":
         return
-    scans = (data if isinstance(data, bytes | bytearray) else bytes(data)).count(b"\xff\xda")
+    scans = _count_pairs(data, 0xFF, 0xDA)
     if scans > MAX_JPEG_SCANS:
         raise InvalidImage(
             f"the JPEG has {scans:,} scans; at most {MAX_JPEG_SCANS} are decoded (each costs a pass over "
             "the whole image; encoders write about 10)"
         )
+
+
+def _count_pairs(data: bytes, first: int, second: int, chunk: int = 1 << 20) -> int:
+    """How many times the byte `first` is followed by `second` in `data`: `bytes.count` of a two-byte
+    needle took 0.23 ms for a 1024×768 photo (on every decode, twice per indexed file), this 0.09 ms;
+    a chunk at a time, so that a 20 MB file never costs more than a few MB of masks."""
+    array = np.frombuffer(data, dtype=np.uint8)
+    count = 0
+    for start in range(0, max(len(array) - 1, 0), chunk):
+        window = array[start : start + chunk + 1]  # one byte into the next chunk: a pair across the cut
+        count += int(np.count_nonzero((window[:-1] == first) & (window[1:] == second)))
+    return count
 
 
 def _mime(image: Image.Image) -> str:
@@ -297,10 +310,23 @@ def normalise(
         resized = image.resize((size, size), Image.Resampling.BICUBIC).convert("RGB")
     except _DECODE_ERRORS as exc:
         raise InvalidImage(f"the image cannot be converted ({image.mode}): {exc}") from exc
-    pixels = np.asarray(resized, dtype=np.float32).transpose(2, 0, 1) / np.float32(255.0)
-    mean_a = np.asarray(mean, dtype=np.float32).reshape(3, 1, 1)
-    std_a = np.asarray(std, dtype=np.float32).reshape(3, 1, 1)
-    return np.ascontiguousarray((pixels - mean_a) / std_a, dtype=np.float32)
+    rgb = np.asarray(resized)
+    table = _normalised_values(tuple(mean), tuple(std))
+    pixels = np.empty((3, *rgb.shape[:2]), dtype=np.float32)
+    for channel in range(3):
+        np.take(table[channel], rgb[:, :, channel], out=pixels[channel])
+    return pixels
+
+
+@functools.lru_cache(maxsize=8)
+def _normalised_values(mean: tuple[float, ...], std: tuple[float, ...]) -> np.ndarray:
+    """(3, 256) float32: each channel's 256 byte values through cn_clip's arithmetic, in float32 as it
+    runs per pixel (x / 255, minus the mean, over the std): looking a pixel up gives the very same
+    bits (tests/retrieval/test_preprocess.py), for half the time of the three passes (0.22 ms of 0.49)."""
+    values = np.arange(256, dtype=np.float32) / np.float32(255.0)
+    mean_a = np.asarray(mean, dtype=np.float32).reshape(3, 1)
+    std_a = np.asarray(std, dtype=np.float32).reshape(3, 1)
+    return (values[None, :] - mean_a) / std_a
 
 
 def preprocess_image(

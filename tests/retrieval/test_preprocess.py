@@ -86,6 +86,45 @@ def test_other_sizes_and_normalisation() -> None:
     assert ours.shape == (3, 336, 336) and np.abs(ours - expected).max() <= 1e-5
 
 
+@pytest.mark.parametrize(
+    ("mean", "std"),
+    [(CNCLIP_MEAN, CNCLIP_STD), ((0.5, 0.5, 0.5), (0.5, 0.5, 0.5)), ((0.1, 0.9, 0.3), (0.07, 1.3, 0.21))],
+)
+def test_normalising_by_lookup_gives_the_bits_of_the_per_pixel_arithmetic(mean: tuple, std: tuple) -> None:
+    """The values are looked up per byte (retrieval/preprocess.py `normalise`): every one of the 256
+    values of every channel, and random pictures, give exactly what float32 x / 255 - mean, / std gives."""
+    from retrieval.preprocess import normalise
+
+    every_value = np.stack([np.arange(256, dtype=np.uint8)] * 3, axis=-1).reshape(16, 16, 3)
+    pictures = [
+        every_value,
+        *(np.random.default_rng(seed).integers(0, 256, (224, 224, 3), np.uint8) for seed in range(3)),
+    ]
+    for rgb in pictures:
+        side = rgb.shape[0]
+        ours = normalise(Image.fromarray(rgb), size=side, mean=mean, std=std)
+        pixels = rgb.astype(np.float32).transpose(2, 0, 1) / np.float32(255.0)
+        expected = (pixels - np.asarray(mean, np.float32).reshape(3, 1, 1)) / np.asarray(std, np.float32).reshape(
+            3, 1, 1
+        )
+        assert ours.dtype == np.float32 and ours.flags.c_contiguous
+        assert np.array_equal(ours, expected)
+
+
+def test_scans_are_counted_across_the_counting_chunks() -> None:
+    """The FF DA pairs of a JPEG are counted a chunk at a time: a pair cut by a chunk's end still counts once."""
+    from retrieval.preprocess import _count_pairs
+
+    data = bytearray(b"\x00" * 40)
+    for at in (0, 7, 15, 31, 38):  # 7: cut after FF at a chunk of 8; 15 and 31 likewise
+        data[at : at + 2] = b"\xff\xda"
+    data[20:23] = b"\xff\xff\xda"  # FF FF DA: one pair
+    for chunk in (1, 2, 3, 8, 16, 1 << 20):
+        assert _count_pairs(bytes(data), 0xFF, 0xDA, chunk=chunk) == 6
+    assert _count_pairs(b"", 0xFF, 0xDA) == 0 and _count_pairs(b"\xff", 0xFF, 0xDA) == 0
+    assert _count_pairs(memoryview(bytes(data)), 0xFF, 0xDA) == 6
+
+
 def test_exif_orientation_is_applied() -> None:
     upright = gradient(80, 40)
     stored = upright.transpose(Image.Transpose.ROTATE_90)  # what a camera writes with orientation 6
