@@ -141,8 +141,9 @@ def _check_scans(data: bytes) -> None:
 
 def _count_pairs(data: bytes, first: int, second: int, chunk: int = 1 << 20) -> int:
     """How many times the byte `first` is followed by `second` in `data`: `bytes.count` of a two-byte
-    needle took 0.23 ms for a 1024×768 photo (on every decode, twice per indexed file), this 0.09 ms;
-    a chunk at a time, so that a 20 MB file never costs more than a few MB of masks."""
+    needle took 191 µs for a 258 KB photo (on every decode, twice per indexed file), this 27 µs
+    (BENCHMARKS.md, issue 34 on a Zen 5); a chunk at a time, so that a 20 MB file never costs more
+    than a few MB of masks."""
     array = np.frombuffer(data, dtype=np.uint8)
     count = 0
     for start in range(0, max(len(array) - 1, 0), chunk):
@@ -322,11 +323,14 @@ def normalise(
 def _normalised_values(mean: tuple[float, ...], std: tuple[float, ...]) -> np.ndarray:
     """(3, 256) float32: each channel's 256 byte values through cn_clip's arithmetic, in float32 as it
     runs per pixel (x / 255, minus the mean, over the std): looking a pixel up gives the very same
-    bits (tests/retrieval/test_preprocess.py), for half the time of the three passes (0.22 ms of 0.49)."""
+    bits (tests/retrieval/test_preprocess.py), in less than half the time of the passes (170 µs of
+    405 for 224×224). Read-only: every call of this model shares it."""
     values = np.arange(256, dtype=np.float32) / np.float32(255.0)
     mean_a = np.asarray(mean, dtype=np.float32).reshape(3, 1)
     std_a = np.asarray(std, dtype=np.float32).reshape(3, 1)
-    return (values[None, :] - mean_a) / std_a
+    table = (values[None, :] - mean_a) / std_a
+    table.flags.writeable = False
+    return table
 
 
 def preprocess_image(

@@ -187,7 +187,7 @@ def test_preprocess_model_equals_ours_and_feeds_the_image_model(
     ours = np.stack([preprocess_image(f) for f in files])
     assert pixels.shape == (len(files), 3, 224, 224) and pixels.dtype == np.float32
     np.testing.assert_array_equal(pixels, ours)  # the very bits: one arithmetic, repeated
-    # The check has teeth: the seed's BILINEAR resize is far outside that tolerance.
+    # The check has teeth: the seed's BILINEAR resize gives values far from ours.
     bilinear = Image.open(io.BytesIO(files[1])).resize((224, 224), Image.Resampling.BILINEAR).convert("RGB")
     mean, std = model.mean, model.std
     bilinear_pixels = (np.asarray(bilinear, np.float32).transpose(2, 0, 1) / 255 - mean) / std
