@@ -202,6 +202,19 @@ def test_a_case_is_called_until_its_spread_settles(monkeypatch: pytest.MonkeyPat
     assert slow.calls == noise.MIN_CALLS
 
 
+def test_the_reason_tells_a_host_that_varies_from_other_work_and_keeps_the_starting_load() -> None:
+    from retrieval.toolchain.tune.noise import noise_reason
+
+    # Nothing else ran (0.03 cores) and half the cases varied: as on a quiet AVX2 EPYC VM.
+    host = noise_reason(0.03, 31, 63, load=0.53, cores=2)
+    assert host is not None and "31 of 63 cases varied more than 10% between calls" in host
+    assert "though other processes used only 0.03 of 2 cores" in host and "host itself varies" in host
+    assert host.endswith("load average 0.5 when tune started")
+    busy = noise_reason(1.9, 31, 63, load=2.4, cores=2)
+    assert busy is not None and busy.startswith("other processes used 1.9 of 2 cores") and "only" not in busy
+    assert noise_reason(0.03, 10, 63, load=0.5, cores=2) is None  # a few noisy cases: trusted
+
+
 def test_configurations_are_measured_in_blocks_whose_order_alternates(toy_model_dir: Path) -> None:
     from types import SimpleNamespace
 

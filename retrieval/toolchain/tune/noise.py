@@ -138,7 +138,16 @@ def noise_reason(other_cores: float, noisy_cases: int, cases: int, load: float, 
     if other_cores >= OTHER_WORK_CORES:
         reasons.append(f"other processes used {other_cores:.1f} of {cores} cores while it measured")
     if cases and noisy_cases > NOISY_SHARE * cases:
-        reasons.append(f"{noisy_cases} of {cases} cases varied more than {SPREAD_BOUND:.0%} between calls")
+        varied = f"{noisy_cases} of {cases} cases varied more than {SPREAD_BOUND:.0%} between calls"
+        if other_cores < OTHER_WORK_CORES:
+            # Nothing here competed, and the calls still varied: on a quiet AVX2 EPYC VM half the cases
+            # did, other processes 0.03 cores (issue 34). Say so: waiting for a quiet machine won't help.
+            varied += (
+                f", though other processes used only {other_cores:.2f} of {cores} cores"
+                " (the host itself varies: a VM's neighbours, the CPU's clock)"
+            )
+        reasons.append(varied)
     if reasons:
-        reasons.append(f"load average {load:.1f}")
+        # Read before the tuner's own work: later it counts the tuner's last minute (see above).
+        reasons.append(f"load average {load:.1f} when tune started")
     return "; ".join(reasons) or None
