@@ -46,11 +46,7 @@ def tune(
     rounds: Rounds = 2,
     seconds: Seconds = 0.5,
     time_limit: Annotated[
-        float,
-        typer.Option(
-            min=1.0,
-            help="Seconds for one measurement (a noisy one is taken again once); fewer rounds or shorter cases past it.",
-        ),
+        float, typer.Option(min=1.0, help="Seconds per measurement (repeated once if noisy); fewer passes past it.")
     ] = 900.0,
     backend: Annotated[str, typer.Option(help="Comma-separated backends to try (default: every usable one).")] = "",
     objective: Annotated[str, typer.Option(help="latency (one stream) or throughput (measures streams).")] = "latency",
