@@ -202,7 +202,7 @@ def test_a_case_is_called_until_its_spread_settles(monkeypatch: pytest.MonkeyPat
     assert slow.calls == noise.MIN_CALLS
 
 
-def test_the_reason_tells_a_host_that_varies_from_other_work_and_keeps_the_starting_load() -> None:
+def test_the_reason_tells_a_host_that_varies_from_other_work_and_names_the_load_at_the_start() -> None:
     from retrieval.toolchain.tune.noise import noise_reason
 
     # Nothing else ran (0.03 cores) and half the cases varied: as on a quiet AVX2 EPYC VM.

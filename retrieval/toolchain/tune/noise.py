@@ -132,14 +132,19 @@ def load_average() -> float:
         return 0.0
 
 
+def others_competed(other_cores: float) -> bool:
+    """Whether other processes used enough of our cores to compete with the measurement."""
+    return other_cores >= OTHER_WORK_CORES
+
+
 def noise_reason(other_cores: float, noisy_cases: int, cases: int, load: float, cores: int) -> str | None:
     """Why a measurement cannot be trusted (None: it can)."""
     reasons = []
-    if other_cores >= OTHER_WORK_CORES:
+    if others_competed(other_cores):
         reasons.append(f"other processes used {other_cores:.1f} of {cores} cores while it measured")
     if cases and noisy_cases > NOISY_SHARE * cases:
         varied = f"{noisy_cases} of {cases} cases varied more than {SPREAD_BOUND:.0%} between calls"
-        if other_cores < OTHER_WORK_CORES:
+        if not others_competed(other_cores):
             # Nothing here competed, and the calls still varied: on a quiet AVX2 EPYC VM half the cases
             # did, other processes 0.03 cores (issue 34). Say so: waiting for a quiet machine won't help.
             varied += (

@@ -55,7 +55,7 @@ from retrieval.toolchain.tune.measure import (
     shapes_of,
 )
 from retrieval.toolchain.tune.memory import TowerMemory, fit_prepacks, fit_towers, peak_rss_mb, reset_peak_rss
-from retrieval.toolchain.tune.noise import OTHER_WORK_CORES, load_average, noise_reason, others_now
+from retrieval.toolchain.tune.noise import load_average, noise_reason, others_competed, others_now
 from retrieval.toolchain.tune.ranking import MODES, one_session, rank_tower, shape_choices
 from retrieval.toolchain.tune.validate import validate
 from retrieval.tower_plan import weight_bytes
@@ -285,7 +285,7 @@ def _measure_watched(
         if attempt == 2 or options.accept_noise:  # --accept-noise: a host never quiet, again would not help
             return measured, reason, attempt
         noisy = ", ".join(describe(c) for c in sorted(measured.noisy, key=str)[:3])
-        cause = "other work competes for the CPUs" if other >= OTHER_WORK_CORES else "the calls varied"
+        cause = "other work competes for the CPUs" if others_competed(other) else "the calls varied"
         warn(
             f"warning: {cause} ({reason}"
             + (f"; e.g. {noisy}" if noisy else "")
