@@ -162,7 +162,7 @@ class LocalEncoder:
                 config,
                 factory,
                 lengths=self.text_lengths if plan.tower == "text" else (),
-                prepack=() if plan.dynamic else plan.prepack,  # the one session is prepacked already
+                prepack=plan.prepack,  # beside the one session: tuned batch-1 shapes (sessions.py)
             )
             stream = Stream(
                 index,

@@ -63,8 +63,16 @@ class BucketedSession:
 
     def any_batch_up_to(self) -> int:
         """The most rows every graph here runs at any batch size from 1, unpadded (ONNX Runtime's one
-        shape-dynamic session per stream, retrieval/backends/ort_batch.py); 0: bucket sizes only."""
-        limits = [int(getattr(s, "any_batch_up_to", lambda: 0)()) for s in self.sessions.values()]
+        shape-dynamic session per stream, retrieval/backends/ort_batch.py); 0: bucket sizes only.
+
+        A batch goes to the smallest bucket that holds it, so a bucket-1 session only ever runs one
+        row: a static one there (a prepacked batch-1 session beside the one session, `cnclip tune`)
+        does not stop the others from taking any size."""
+        limits = [
+            limit
+            for (bucket, _), session in self.sessions.items()
+            if (limit := int(getattr(session, "any_batch_up_to", lambda: 0)())) or bucket > 1
+        ]
         return min(limits, default=0)
 
     def any_length_up_to(self) -> int:
@@ -102,15 +110,22 @@ class BucketedSession:
         """Open every batch bucket's graph; for text also at each of `lengths` shorter than the full one.
 
         Shapes in `prepack` get a session with its own (prepacked) copy of the weights even when
-        `config` shares one copy: the hot buckets `cnclip tune` found faster that way."""
+        `config` shares one copy, or runs one shape-dynamic session: the hot buckets `cnclip tune`
+        found faster that way. Beside the one session such a shape still joins it (so that session
+        spans the shape's batch size and runs every size up to the largest bucket unpadded); it only
+        runs its own batches elsewhere."""
         spec = manifest.towers[tower]
         shorter = [n for n in lengths if n < manifest.context_length] if tower == "text" else []
         sessions: dict[ShapeKey, ModelSession] = {}
         for length in [None, *shorter]:
             for b in buckets:
                 path = manifest.graph_path(tower, precision, b, length)
-                shape_config = config.unshared() if (b, length) in prepack else config
-                sessions[(b, length)] = factory(path, shape_config, spec.input_name, spec.output_name)
+                if (b, length) in prepack:
+                    if config.dynamic_shapes:
+                        factory(path, config, spec.input_name, spec.output_name)  # joins the one session
+                    sessions[(b, length)] = factory(path, config.unshared(), spec.input_name, spec.output_name)
+                else:
+                    sessions[(b, length)] = factory(path, config, spec.input_name, spec.output_name)
         return cls(tower, sessions)
 
     def engine_precisions(self) -> list[str]:

@@ -66,7 +66,8 @@ class TowerPlan:
         """How the tower's sessions hold their weights, in the words of the start-up log."""
         packed = ",".join(shape_key(s) for s in sorted(self.prepack, key=lambda s: (s[1] or 0, s[0])))
         if self.dynamic:
-            return "one prepacked copy per stream: one shape-dynamic session for every bucket and text length"
+            own = f"; beside it, its own prepacked copy for {packed} (tuned)" if packed else ""
+            return "one prepacked copy per stream: one shape-dynamic session for every bucket and text length" + own
         if self.share:
             own = f"; its own prepacked copy for {packed} (tuned)" if packed else ""
             return (
@@ -234,9 +235,11 @@ def weight_bytes(manifest: ModelManifest, tower: str, graph: str, precision: str
 
 def plan_bytes(plan: TowerPlan, shapes: int, copy_bytes: int) -> int:
     """Weight bytes a tower's plan holds: the shared copy once, each session with its own copy once
-    (where the backend's shapes hold one copy together: once per stream)."""
+    (where the backend's shapes hold one copy together: once per stream, and once more per stream for
+    each prepacked shape beside a shape-dynamic session)."""
     if plan.one_copy:
-        return plan.streams * copy_bytes
+        beside = len(plan.prepack) if plan.dynamic else 0
+        return plan.streams * (1 + beside) * copy_bytes
     own = len(plan.prepack) if plan.share else shapes
     return (copy_bytes if plan.share else 0) + plan.streams * own * copy_bytes
 
@@ -260,15 +263,16 @@ def fit_budget(
 
     plans = dict(plans)
     candidates = sorted(
-        ((p.prepack_gain.get(s, 1.0), t, s) for t, p in plans.items() if p.share and not p.one_copy for s in p.prepack),
+        ((p.prepack_gain.get(s, 1.0), t, s) for t, p in plans.items() if _own_copies(p) for s in p.prepack),
         key=lambda c: c[0],
     )
     for _gain, tower, shape in candidates:
         if budget.allows(total() / 2**20):
             break
         plans[tower] = dataclasses.replace(plans[tower], prepack=plans[tower].prepack - {shape})
-        log.info("memory budget (%s): %s %s shares the weights instead of its own prepacked copy",
-                 budget.source, tower, shape_key(shape))  # fmt: skip
+        instead = "runs on the one shape-dynamic session" if plans[tower].dynamic else "shares the weights"
+        log.info("memory budget (%s): %s %s %s instead of its own prepacked copy",
+                 budget.source, tower, shape_key(shape), instead)  # fmt: skip
     needed = total() / 2**20
     if budget.allows(needed):
         return plans
@@ -280,6 +284,12 @@ def fit_budget(
         )
     log.info("the towers' weights need %.0f MB, over the memory budget (%s): %s", needed, budget.source, what)
     return plans
+
+
+def _own_copies(plan: TowerPlan) -> bool:
+    """Whether the plan's prepacked shapes are copies a budget can drop (back to the shared copy, or
+    to the stream's one shape-dynamic session)."""
+    return plan.dynamic or (plan.share and not plan.one_copy)
 
 
 def _tuned(plans: dict[str, TowerPlan]) -> bool:

@@ -128,8 +128,9 @@ class TowerChoice(_Strict):
     threads_per_stream: int = Field(0, ge=0, le=4096)
     shapes: dict[str, ShapeChoice] = Field(default_factory=dict, max_length=1024)
     # One shape-dynamic session per stream for every shape, with its own prepacked copy (where the
-    # backend can: ONNX Runtime's CPU). None — a file from before the tuner measured it — means what
-    # `serve` did with such files: the one session when no shape is prepacked.
+    # backend can: ONNX Runtime's CPU); shapes marked prepack run beside it on their own prepacked
+    # session. None — a file from before the tuner measured it — means what `serve` did with such
+    # files: the one session when no shape is prepacked.
     dynamic: bool | None = None
 
     def prepacked(self) -> set[Shape]:
@@ -141,10 +142,10 @@ class TowerChoice(_Strict):
 
     def words(self) -> str:
         """`onnxruntime cpu int8, prepacked b1,b1.l16, 1 stream(s)`."""
-        packed = sorted(self.prepacked(), key=lambda s: (s[1] or 0, s[0]))
-        extra = f", prepacked {','.join(shape_key(s) for s in packed)}" if packed else ""
+        packed = ",".join(shape_key(s) for s in sorted(self.prepacked(), key=lambda s: (s[1] or 0, s[0])))
+        extra = f", prepacked {packed}" if packed else ""
         if self.dynamic:
-            extra = ", one shape-dynamic session"
+            extra = ", one shape-dynamic session" + (f" and prepacked {packed}" if packed else "")
         return f"{self.backend} {self.device} {self.precision}{extra}, {self.streams} stream(s)"
 
 

@@ -80,7 +80,7 @@ def test_serve_runs_the_one_session_or_sessions_per_shape_as_the_file_says(tmp_p
     packed = {"b1": {"prepack": True, "prepack_gain": 1.4}, "b4": {"prepack": False}}
     unpacked = {"b1": {"prepack": False}, "b4": {"prepack": False}}
     cases = [
-        ({"shapes": packed, "dynamic": True}, True),  # the one session; its shapes' flags do not apply
+        ({"shapes": packed, "dynamic": True}, True),  # the one session, b1 beside it (test_b1_beside_one_session.py)
         ({"shapes": unpacked, "dynamic": False}, False),  # sessions per shape on the shared copy, as measured
         ({"shapes": unpacked}, True),  # a file from before the field: what serve did with it
         ({"shapes": packed}, False),

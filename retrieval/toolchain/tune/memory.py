@@ -109,38 +109,44 @@ def fit_prepacks(
     budget: Budget,
     per_shape: dict[str, TowerChoice] | None = None,
 ) -> dict[str, TowerChoice]:
-    """Drop prepacked shapes, the smallest gain first, until the towers' sessions fit the budget. A
-    tower on one shape-dynamic session per stream (its own copy) that does not fit goes first to its
-    per-shape sessions (`per_shape[tower]`), whose prepacked shapes are then dropped as any."""
+    """Drop prepacked shapes, the smallest gain first, until the towers' sessions fit the budget: first
+    those beside a one shape-dynamic session; then a tower on that one session per stream (its own
+    copy) that still does not fit goes to its per-shape sessions (`per_shape[tower]`), whose
+    prepacked shapes are then dropped as any."""
 
     def total() -> float:
         mb = 0.0
         for tower, choice in choices.items():
             cost = memory[tower]
+            own = sum(v.prepack for v in choice.shapes.values())
             if choice.dynamic:
-                mb += cost.dynamic_mb * choice.streams
+                mb += (cost.dynamic_mb + cost.per_shape_mb * own) * choice.streams
                 continue
             if not cost.shares:
                 mb += cost.per_shape_mb * choice.streams * max(len(choice.shapes), 1)
                 continue
             shared = any(not v.prepack for v in choice.shapes.values()) or not choice.shapes
-            own = sum(v.prepack for v in choice.shapes.values())
             mb += (cost.shared_mb if shared else 0.0) + cost.per_shape_mb * choice.streams * own
         return mb
 
+    def drop(towers: list[str]) -> None:
+        ranked = sorted(
+            ((v.prepack_gain or 1.0, t, k) for t in towers for k, v in choices[t].shapes.items() if v.prepack),
+            key=lambda item: item[0],
+        )
+        for _gain, tower, key in ranked:
+            if budget.allows(total()):
+                return
+            shapes = dict(choices[tower].shapes)
+            shapes[key] = shapes[key].model_copy(update={"prepack": False})
+            choices[tower] = choices[tower].model_copy(update={"shapes": shapes})
+
+    choices = dict(choices)
+    drop([t for t, c in choices.items() if c.dynamic])
     for tower in sorted(choices, key=lambda t: -memory[t].dynamic_mb):
         if budget.allows(total()):
             return choices
         if choices[tower].dynamic and per_shape and tower in per_shape:
             choices[tower] = per_shape[tower]
-    ranked = sorted(
-        ((v.prepack_gain or 1.0, t, k) for t, c in choices.items() for k, v in c.shapes.items() if v.prepack),
-        key=lambda item: item[0],
-    )
-    for _gain, tower, key in ranked:
-        if budget.allows(total()):
-            break
-        shapes = dict(choices[tower].shapes)
-        shapes[key] = shapes[key].model_copy(update={"prepack": False})
-        choices[tower] = choices[tower].model_copy(update={"shapes": shapes})
+    drop(list(choices))
     return choices

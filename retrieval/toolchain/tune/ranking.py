@@ -100,12 +100,31 @@ def one_session(
     the shapes: besides the bucket shapes measured here it runs every batch size between them
     unpadded (a per-shape choice pads 2–7 rows up to 8), with one prepacked copy per stream where a
     per-shape choice holds one per prepacked shape; and it is what `serve` runs by default, which a
-    per-shape choice lost to over HTTP 1.3–1.5× on the AVX-512 EPYC (BENCHMARKS.md, issue 34)."""
+    per-shape choice lost to over HTTP 1.3–1.5× on the AVX-512 EPYC (BENCHMARKS.md, issue 34).
+
+    A batch-1 shape that its own prepacked session runs PREPACK_GAIN faster than the one session
+    runs there, beside it (`beside_one_session`): on an AVX2 EPYC the one session took image b1
+    181–212 ms against 133–145 ms static and prepacked, while winning at b16 (BENCHMARKS.md)."""
     label = f"{winner.label} dynamic"
     times = {s: samples.get((tower, s, label)) for s in shapes}
     if not times or not all(times.values()):
         return None
-    ratios = [ms / _fastest_pass(v) for s, v in times.items() if v and (ms := shapes[s].ms)]  # per-shape ÷ one
+    one = {s: ShapeChoice(prepack=False, ms=round(_fastest_pass(v), 3)) for s, v in times.items() if v}
+    for s in [s for s in one if beside_one_session(tower, s)]:
+        packed = samples.get((tower, s, f"{winner.label} prepacked"))
+        gain = (one[s].ms or 0.0) / _fastest_pass(packed) if packed else 0.0
+        if gain >= PREPACK_GAIN:
+            one[s] = ShapeChoice(prepack=True, ms=round(_fastest_pass(packed), 3), prepack_gain=round(gain, 3))  # type: ignore[arg-type]
+    ratios = [ms / one_ms for s in one if (ms := shapes[s].ms) and (one_ms := one[s].ms)]  # per-shape ÷ one
     if ratios and _geometric_mean(ratios) * PREPACK_GAIN < 1.0:
         return None
-    return {s: ShapeChoice(prepack=False, ms=round(_fastest_pass(v), 3)) for s, v in times.items() if v}
+    return one
+
+
+def beside_one_session(tower: str, shape: Shape) -> bool:
+    """Whether a shape can run on its own static session beside the stream's one shape-dynamic
+    session: batch 1 (a batch goes to the smallest bucket that holds it, so only single rows reach
+    it and the one session still takes every other size unpadded) of a tower without a text length
+    axis (the one session runs text at its batch's own width; a static text session would get only
+    its exact width, and would cost the stream those free widths)."""
+    return shape[0] == 1 and tower != "text"

@@ -32,7 +32,7 @@ def table(result: TuneResult) -> list[str]:
         choice = t.towers[m.tower]
         shape = choice.shapes.get(m.shape)
         mode = "prepacked" if shape is not None and shape.prepack else ("shared" if m.weights != "own" else "own")
-        if choice.dynamic:
+        if choice.dynamic and mode != "prepacked":  # a prepacked shape runs beside the one session
             mode = "dynamic"
         chosen = (m.backend, m.precision, m.weights) == (
             choice.backend,

@@ -48,9 +48,9 @@ def same_as_default(choice: TowerChoice, plan: TowerPlan) -> bool:
     ):
         return False
     # The same backend, device and settings: the choice runs one shape-dynamic session where the defaults do.
-    if plan.dynamic:
-        return choice.one_session()
     packed = frozenset(parse_shape_key(k) for k, v in choice.shapes.items() if v.prepack)
+    if plan.dynamic:
+        return choice.one_session() and packed == plan.prepack
     return packed == (plan.prepack if plan.share else frozenset(parse_shape_key(k) for k in choice.shapes))
 
 
@@ -58,7 +58,7 @@ def default_choice(plan: TowerPlan, like: TowerChoice) -> TowerChoice:
     """The defaults' configuration of a tower, as a tuning file records it (the shapes of `like`)."""
     shapes = {k: ShapeChoice(prepack=(not plan.share) or parse_shape_key(k) in plan.prepack) for k in like.shapes}
     if plan.dynamic:
-        shapes = {k: ShapeChoice(prepack=False) for k in like.shapes}
+        shapes = {k: ShapeChoice(prepack=parse_shape_key(k) in plan.prepack) for k in like.shapes}
     return TowerChoice(
         backend=plan.backend.name,
         device=plan.device.name,
