@@ -30,8 +30,10 @@ from retrieval.toolchain.toy_model import write_toy_model
 from retrieval.toolchain.tune import validate as validation
 from retrieval.toolchain.tune.memory import TowerMemory, fit_prepacks
 from retrieval.toolchain.tune.ranking import PREPACK_GAIN, one_session, shape_choices
+from retrieval.toolchain.tune.report import table
+from retrieval.toolchain.tune.tuner import TuneResult
 from retrieval.tower_plan import TowerPlan, plan_bytes
-from retrieval.tuning import Shape, ShapeChoice, TowerChoice, TuningFile
+from retrieval.tuning import Measurement, Shape, ShapeChoice, TowerChoice, TuningFile
 from tests.support.model_inputs import varied_input
 from tests.support.tuning_files import tuning_for
 
@@ -174,3 +176,31 @@ def test_the_tuner_validates_it_over_http_against_the_defaults(
     _checked, points, _kept, _mb = validation.validate(toy_model_dir, manifest, tuning, 0.01, lambda *_: None)
     assert {p.tower for p in points} == {"image"}  # text is the defaults: nothing to compare
     assert {(tuned, c) for tuned, c in served if c > 1} == {(True, 8), (False, 8)}
+
+
+def test_tunes_table_marks_b1_prepacked_and_the_other_shapes_on_the_one_session(toy_model_dir: Path) -> None:
+    image = {"dynamic": True, "shapes": {"b1": {"prepack": True, "prepack_gain": 1.36}, "b8": {"prepack": False}}}
+    tuning = TuningFile.model_validate(tuning_for(toy_model_dir, image=image, text={"dynamic": True}))
+    measurements = [
+        Measurement(
+            tower="image",
+            shape=shape,
+            backend="onnxruntime",
+            device="cpu",
+            precision="int8",
+            weights=weights,
+            ms=ms,
+            ms_min=ms,
+            ms_max=ms,
+        )
+        for shape, weights, ms in [
+            ("b1", "dynamic", 190.0),
+            ("b1", "prepacked", 140.0),
+            ("b8", "dynamic", 950.0),
+            ("b8", "prepacked", 1000.0),
+        ]  # fmt: skip
+    ]
+    tuning = tuning.model_copy(update={"measurements": measurements})
+    rows = table(TuneResult(tuning, [], [], {}))[2:]
+    chosen = {(row.split("|")[2].strip(), row.split("|")[6].strip()) for row in rows if "**yes**" in row}
+    assert chosen == {("b1", "prepacked"), ("b8", "dynamic")}
