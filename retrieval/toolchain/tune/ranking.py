@@ -111,10 +111,11 @@ def one_session(
         return None
     one = {s: ShapeChoice(prepack=False, ms=round(_fastest_pass(v), 3)) for s, v in times.items() if v}
     for s in [s for s in one if beside_one_session(tower, s)]:
-        packed = samples.get((tower, s, f"{winner.label} prepacked"))
-        gain = (one[s].ms or 0.0) / _fastest_pass(packed) if packed else 0.0
-        if gain >= PREPACK_GAIN:
-            one[s] = ShapeChoice(prepack=True, ms=round(_fastest_pass(packed), 3), prepack_gain=round(gain, 3))  # type: ignore[arg-type]
+        if not (packed := samples.get((tower, s, f"{winner.label} prepacked"))):
+            continue
+        own_ms = _fastest_pass(packed)
+        if (gain := (one[s].ms or 0.0) / own_ms) >= PREPACK_GAIN:
+            one[s] = ShapeChoice(prepack=True, ms=round(own_ms, 3), prepack_gain=round(gain, 3))
     ratios = [ms / one_ms for s in one if (ms := shapes[s].ms) and (one_ms := one[s].ms)]  # per-shape ÷ one
     if ratios and _geometric_mean(ratios) * PREPACK_GAIN < 1.0:
         return None

@@ -56,9 +56,9 @@ def same_as_default(choice: TowerChoice, plan: TowerPlan) -> bool:
 
 def default_choice(plan: TowerPlan, like: TowerChoice) -> TowerChoice:
     """The defaults' configuration of a tower, as a tuning file records it (the shapes of `like`)."""
-    shapes = {k: ShapeChoice(prepack=(not plan.share) or parse_shape_key(k) in plan.prepack) for k in like.shapes}
-    if plan.dynamic:
-        shapes = {k: ShapeChoice(prepack=parse_shape_key(k) in plan.prepack) for k in like.shapes}
+    # Every shape has its own copy where nothing is shared; else the tuned ones (beside the one session too).
+    own_everywhere = not plan.share and not plan.dynamic
+    shapes = {k: ShapeChoice(prepack=own_everywhere or parse_shape_key(k) in plan.prepack) for k in like.shapes}
     return TowerChoice(
         backend=plan.backend.name,
         device=plan.device.name,
