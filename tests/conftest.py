@@ -117,14 +117,14 @@ def milvus_server() -> Iterator[Any]:
 def milvus_server_uri(milvus_server: Any) -> Iterator[str]:
     """The server's URI; every collection a test made is dropped after it (one server, many tests)."""
     yield milvus_server.uri
-    from pymilvus import MilvusClient
+    milvus_server.drop_every_collection()
 
-    client = MilvusClient(uri=milvus_server.uri)
-    try:
-        for name in client.list_collections():
-            client.drop_collection(name)
-    finally:
-        client.close()
+
+@pytest.fixture(scope="module")
+def module_milvus_server_uri(milvus_server: Any) -> Iterator[str]:
+    """The same for a module-scoped fixture (a library its tests share): dropped after the module."""
+    yield milvus_server.uri
+    milvus_server.drop_every_collection()
 
 
 @pytest.fixture(params=["faiss", "milvus-lite", MILVUS_SERVER])

@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -34,15 +35,16 @@ def photo(i: int) -> bytes:
     return buffer.getvalue()
 
 
-@pytest.fixture
-def encoder() -> FakeEncoder:
-    return FakeEncoder(dim=32)
-
-
-@pytest.fixture(params=["faiss", MILVUS_SERVER])
-def client(request: pytest.FixtureRequest, settings: Settings, encoder: FakeEncoder) -> Iterator[TestClient]:
+# Every test here only reads: one library of COUNT photos per engine serves the whole module (uploading
+# it per test cost ~4 s on the real Milvus server, 90 s a run).
+@pytest.fixture(scope="module", params=["faiss", MILVUS_SERVER])
+def client(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, toy_model_dir: Path
+) -> Iterator[TestClient]:
+    data_dir = tmp_path_factory.mktemp("search-pages") / "data"
+    settings = Settings(_env_file=None, model_dir=toy_model_dir, data_dir=data_dir, provider="cpu")
     settings = settings.model_copy(update=engine_under_test(request, str(request.param)).overrides())
-    with api_client(settings, encoder=encoder) as c:
+    with api_client(settings, encoder=FakeEncoder(dim=32)) as c:
         assert c.post("/v1/collections", json={"name": "photos", "kind": "images"}).status_code == 201
         for i in range(COUNT):
             r = c.post("/v1/collections/photos/items", files={"file": (f"p{i}.jpg", photo(i), "image/jpeg")})

@@ -37,7 +37,9 @@ MILVUS_SERVER = pytest.param("milvus-server", marks=pytest.mark.milvus_server)
 
 def engine_under_test(request: pytest.FixtureRequest, name: str) -> EngineUnderTest:
     """The engine `name` for a parametrised fixture; the real server's URI from the `milvus_server_uri` fixture
-    (asked for only then, so that FAISS and Lite runs never start a server)."""
+    (asked for only then, so that FAISS and Lite runs never start a server), `module_milvus_server_uri`
+    for a module-scoped one."""
     if name == "milvus-server":
-        return EngineUnderTest(name, request.getfixturevalue("milvus_server_uri"))
+        uri = "module_milvus_server_uri" if request.scope == "module" else "milvus_server_uri"
+        return EngineUnderTest(name, request.getfixturevalue(uri))
     return EngineUnderTest(name)

@@ -127,6 +127,17 @@ class RealMilvus:
         except OSError:
             return ""
 
+    def drop_every_collection(self) -> None:
+        """Drop what the tests made (one server, many tests)."""
+        from pymilvus import MilvusClient
+
+        client = MilvusClient(uri=self.uri)
+        try:
+            for name in client.list_collections():
+                client.drop_collection(name)
+        finally:
+            client.close()
+
     def stop(self) -> None:
         """Stop the process (SIGTERM, SIGKILL after a while: its data dies with the base dir anyway)."""
         server, self.server = self.server, None
