@@ -215,3 +215,22 @@ def test_tunes_window_too_short_for_a_slow_server_is_measured_again_longer(delay
     load = TowerLoad("text", lambda i: http_request(host, port, "/delay/200", b"{}"))
     rate = served_rate(Worker(port, None, Path("unused")), load, 1, 0.05)  # type: ignore[arg-type]
     assert 2.5 <= rate <= 5.0 + 1 / 0.8  # one client at 200 ms a request: 5/s, less on a busy machine
+
+
+def test_tunes_warm_up_is_never_longer_than_the_window_it_precedes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A quick validation (`--validate-seconds 0.05`) spent 0.5 s warming before each 0.05 s window: 24
+    windows, 12 s of a toy model's tune. The default window (2 s) still warms 0.5 s."""
+    from retrieval.toolchain import http_load
+    from retrieval.toolchain.tune import served
+
+    warmups: list[float] = []
+
+    async def answered(*_: object, warmup_s: float, **__: object) -> http_load.Cell:
+        warmups.append(warmup_s)
+        return http_load.Cell(concurrency=1, duration_s=1.0, latencies_us=[1000.0] * 8, errors=[])
+
+    monkeypatch.setattr(served, "closed_loop", answered)
+    load = served.TowerLoad("text", lambda i: b"")
+    for seconds in (0.05, 2.0):
+        served.served_rate(served.Worker(0, None, Path("unused")), load, 1, seconds)  # type: ignore[arg-type]
+    assert warmups == [0.05, served.WARMUP_S]

@@ -167,8 +167,9 @@ def served_rate(worker: Worker, load: TowerLoad, concurrency: int, seconds: floa
     window where this one held too few answers to count on (a slow model, a short `seconds`); a
     ModelError where the worker answered any request with an error."""
     window = seconds
+    warmup = min(WARMUP_S, seconds)  # never longer than what it precedes: a short window asked for a quick check
     while True:
-        cell = asyncio.run(closed_loop(HOST, worker.port, load.next_request, concurrency, window, warmup_s=WARMUP_S))
+        cell = asyncio.run(closed_loop(HOST, worker.port, load.next_request, concurrency, window, warmup_s=warmup))
         if cell.errors:
             raise ModelError(f"the validation worker failed {len(cell.errors)} request(s), e.g. {cell.errors[0]}")
         if len(cell.latencies_us) >= MIN_ANSWERS * concurrency or window >= MAX_WINDOW_S:
