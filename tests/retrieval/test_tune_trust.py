@@ -302,3 +302,15 @@ def test_the_report_names_the_choice_the_defaults_replaced(toy_model_dir: Path) 
     )
     # A file written by tune reads back with it (the file's strict schema).
     assert TuningFile.model_validate_json(tuning.model_copy(update={"report": report}).model_dump_json()) is not None
+
+
+@pytest.mark.parametrize("seconds", [float("inf"), 1e9, 60.5, -1.0, float("nan")])
+def test_a_validation_window_that_would_never_end_is_refused_before_anything_runs(
+    toy_model_dir: Path, seconds: float
+) -> None:
+    """`--validate-seconds inf` held a worker busy for ever (the check before it ran saw only `>= 0`)."""
+    from retrieval.errors import InvalidInput
+    from retrieval.toolchain.tune.tuner import TuneOptions, run_tune
+
+    with pytest.raises(InvalidInput, match="--validate-seconds must be between 0 and 60"):
+        run_tune(toy_model_dir, TuneOptions(validate_seconds=seconds))

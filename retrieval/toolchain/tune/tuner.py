@@ -57,6 +57,7 @@ from retrieval.toolchain.tune.measure import (
 from retrieval.toolchain.tune.memory import TowerMemory, fit_prepacks, fit_towers, peak_rss_mb, reset_peak_rss
 from retrieval.toolchain.tune.noise import load_average, noise_reason, others_competed, others_now
 from retrieval.toolchain.tune.ranking import MODES, one_session, rank_tower, shape_choices
+from retrieval.toolchain.tune.served import MAX_WINDOW_S
 from retrieval.toolchain.tune.validate import validate
 from retrieval.tower_plan import weight_bytes
 from retrieval.tuning import (
@@ -151,6 +152,8 @@ def run_tune(
     manifest = ModelManifest.load(model_dir)
     if options.objective not in ("latency", "throughput"):
         raise InvalidInput("--objective must be latency or throughput")
+    if not 0 <= options.validate_seconds <= MAX_WINDOW_S:  # inf (or 1e9) would hold a window open for ever
+        raise InvalidInput(f"--validate-seconds must be between 0 and {MAX_WINDOW_S:g}")
     load = load_average()  # before our own gate adds to it
     found, skipped = candidates(manifest, options.backends)
     progress("quality gate", 0, 1)
