@@ -4,14 +4,18 @@
 
 The statuses (the README's "Exit status" list says the same): 0 all good; 1 an error (the message
 says which); 2 a usage error (a bad option or argument, a bad `CNCLIP_*` value, a model directory a
-server cannot use); 3 some files could not be indexed (the others were); 130 interrupted (Ctrl-C).
+server cannot use); 3 some files could not be indexed (the others were); 130 interrupted (Ctrl-C);
+143 stopped by SIGTERM where a command cleans up first (`cnclip tune`: `sigterm_unwinds`).
 """
 
 from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 import typer
@@ -25,6 +29,7 @@ EXIT_ERROR = 1
 EXIT_USAGE = 2  # click's own status for a bad option or argument
 EXIT_FILES_FAILED = 3  # the run finished, but some files could not be indexed
 EXIT_INTERRUPTED = 130  # Ctrl-C anywhere (the shell's 128 + SIGINT)
+EXIT_TERMINATED = 143  # SIGTERM, where a command unwinds on it (the shell's 128 + SIGTERM)
 
 EXIT_STATUS = (
     "Exit status: 0 all good; 1 an error (the message says which); 2 a usage error (bad option or "
@@ -76,6 +81,34 @@ def friendly_errors(command: F) -> F:
             raise fail(exc) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+class _Terminated(BaseException):
+    """Raised by the SIGTERM handler: a BaseException, so no `except Exception` on the way swallows it."""
+
+
+@contextmanager
+def sigterm_unwinds(command: str) -> Iterator[None]:
+    """While the block runs, SIGTERM (`kill`, a service manager's stop) unwinds it as Ctrl-C does —
+    every `finally` on the way runs: a child process stopped and reaped, a temporary folder removed —
+    then one line and EXIT_TERMINATED. Python's own answer to SIGTERM is to die at once, leaving them.
+    A second SIGTERM during that clean-up is ignored (kill -9 still ends it; children die with it)."""
+    if threading.current_thread() is not threading.main_thread():  # signal handlers live only there
+        yield
+        return
+
+    def on_sigterm(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    except _Terminated:
+        typer.echo(f"{command}: stopped by SIGTERM", err=True)
+        raise typer.Exit(EXIT_TERMINATED) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 # pydantic-settings names the field, not the variable, when a complex value is not JSON.

@@ -8,7 +8,7 @@ from typing import Annotated
 import typer
 
 from cli.bench import ints
-from cli.errors import fail
+from cli.errors import fail, sigterm_unwinds
 from cli.output_paths import check_output_file
 
 Rounds = Annotated[
@@ -86,7 +86,7 @@ def tune(
         validate_seconds=validate_seconds,
         accept_noise=accept_noise,
     )
-    with Progress(console=Console(stderr=True), transient=True) as bar:
+    with sigterm_unwinds("cnclip tune"), Progress(console=Console(stderr=True), transient=True) as bar:
         task = bar.add_task("tuning", total=1)
 
         def progress(what: str, done: int, total: int) -> None:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import ast
 import contextlib
-import ctypes
 import errno
 import importlib.util
 import os
@@ -43,6 +42,7 @@ from pathlib import Path
 import httpx
 
 from retrieval.errors import CnclipError
+from retrieval.toolchain import children
 from retrieval.toolchain.triton.backends import TRITON_BACKENDS
 
 WHEEL = "nvidia-pytriton==0.7.0"
@@ -216,12 +216,6 @@ class TritonLaunch:
         return f"http://{self.probe_host}:{self.http_port}"
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
-    """Ask Linux to SIGTERM the server when the launcher dies (kill -9 included): no orphan keeps the ports."""
-    PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
 class TritonServer:
     """One wheel `tritonserver` process: prepared in a temporary folder, started, probed, stopped.
 
@@ -300,7 +294,7 @@ class TritonServer:
                 self.command(binary, backends),
                 env=self._env,  # its log goes where ours goes
                 start_new_session=True,  # its own process group: signals are forwarded, stubs killed with it
-                preexec_fn=_die_with_parent if die_with_parent else None,
+                preexec_fn=children.die_with_parent() if die_with_parent else None,  # no orphan keeps the ports
             )
         except BaseException:
             self.close()

@@ -29,6 +29,7 @@ from retrieval.config import RuntimeSettings
 from retrieval.errors import ModelError
 from retrieval.tokenizer import tokenize
 from retrieval.toolchain.bench import image_payloads, text_payloads
+from retrieval.toolchain.children import die_with_parent
 from retrieval.toolchain.http_load import RequestMaker, binary_body, closed_loop, http_request, in_turn
 from retrieval.toolchain.tune.memory import peak_rss_mb
 from retrieval.triton_names import IMAGE_BYTES_MODEL, TEXT_MODEL
@@ -95,7 +96,9 @@ def running_worker(model_dir: Path, tuning_file: Path) -> Iterator[Worker]:
         command = [*_PROGRAM, "-v", "worker", "--host", HOST, "--port", "0", "--log-level", "warning"]
         with log_path.open("wb") as log:  # a file, never a pipe: a pipe nobody reads fills and stalls it
             env = worker_env(model_dir, tuning_file, Path(folder))
-            process = subprocess.Popen(command, env=env, cwd=folder, stdout=log, stderr=subprocess.STDOUT)
+            process = subprocess.Popen(
+                command, env=env, cwd=folder, stdout=log, stderr=subprocess.STDOUT, preexec_fn=die_with_parent()
+            )  # a tune killed outright (kill -9) takes its worker with it, not only one that unwinds
         try:
             yield Worker(_wait_ready(process, log_path), process, log_path)
         finally:
