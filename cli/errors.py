@@ -33,7 +33,8 @@ EXIT_TERMINATED = 143  # SIGTERM, where a command unwinds on it (the shell's 128
 
 EXIT_STATUS = (
     "Exit status: 0 all good; 1 an error (the message says which); 2 a usage error (bad option or "
-    "argument); 3 some files could not be indexed (the others were); 130 interrupted (Ctrl-C)."
+    "argument); 3 some files could not be indexed (the others were); 130 interrupted (Ctrl-C); "
+    "143 cnclip tune stopped by SIGTERM."
 )
 
 
