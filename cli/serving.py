@@ -219,9 +219,6 @@ def serve(
 ) -> None:
     """Serve the REST API and the web UI (binds the port, then loads the model and warms every
     bucket before answering)."""
-    from api.app import create_app
-    from indexer.runtime import check_storage, prepare_for_serving
-
     settings = load_settings()
     overrides = {k: v for k, v in {"host": host, "port": port}.items() if v is not None}
     settings = settings.model_copy(update=overrides)
@@ -233,6 +230,11 @@ def serve(
         )
     exit_on_bad_model(settings)
     exit_on_missing_watched_folder(settings)
+    # Imported once the settings and the model are known good: the app and the storage take ~2 s to
+    # import on a small machine, which a bad setting's one line need not wait for.
+    from api.app import create_app
+    from indexer.runtime import check_storage, prepare_for_serving
+
     check_storage(settings)  # a SQLite file that is no catalog, a vector engine that cannot be used
     exit_on_unwatchable_collection(settings)
     prepare_for_serving(settings)
