@@ -20,11 +20,14 @@ from retrieval.encoder import create_encoder
 from tests.support.indexer_helpers import committed_items, jpeg, start_cli, write_images
 
 GOOD_FILES = 48  # the folder also holds a broken file and a copy of one of them
+# Photos of some size, so that indexing them takes a while (~2.5 ms of decoding each, not 0.8): a kill
+# aimed at the middle of the run has room to land there on a loaded runner.
+PHOTO_SIZE = (320, 240)
 
 
 def make_folder(folder: Path) -> list[Path]:
     """GOOD_FILES distinct photos, a broken JPEG and a byte copy of the sixth photo; the good ones."""
-    good = write_images(folder, GOOD_FILES)
+    good = write_images(folder, GOOD_FILES, PHOTO_SIZE)
     (folder / "broken.jpg").write_bytes(b"\xff\xd8\xff\xe0 not really")
     (folder / "copy.jpg").write_bytes(good[5].read_bytes())
     return good
@@ -68,7 +71,7 @@ def assert_found_by_content(
             await encoder.close()
 
     probes = [0, 17, GOOD_FILES - 1]
-    vectors = asyncio.run(embed([jpeg(i, (16, 16)) for i in probes]))
+    vectors = asyncio.run(embed([jpeg(i, PHOTO_SIZE) for i in probes]))
     for i, vector in zip(probes, vectors, strict=True):
         top = catalog.search("photos", vector, k=1)[0]
         assert catalog.get(top.id).sha256 == states[str(good[i])].sha256 and top.score > 0.999

@@ -20,10 +20,22 @@ def two_node_cluster() -> Iterator[Any]:
         yield started
 
 
+# How long a run started in this process waits for every node's embedding actor before its first batch.
+EVERY_ACTOR_STARTED_S = 120
+
+
 @pytest.fixture
-def cluster(two_node_cluster: Any) -> Any:
-    """The module's cluster with its two nodes (again, after a test removed one)."""
+def cluster(two_node_cluster: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
+    """The module's cluster with its two nodes (again, after a test removed one).
+
+    A run of these tests (the toy model, 120 photos) ends in a second or two: a node whose actor
+    started late on a loaded 2-core runner then got no batch at all, and "both nodes embedded" failed
+    for the machine's load (seen once in a venv run: `nodes` 1). Ray Data waits for every actor of
+    the pool before the first batch when asked; a run started in this process (CliRunner) is."""
+    import ray.data
+
     top_up(two_node_cluster, nodes=2)
+    monkeypatch.setattr(ray.data.DataContext.get_current(), "wait_for_min_actors_s", EVERY_ACTOR_STARTED_S)
     return two_node_cluster
 
 
