@@ -1,5 +1,6 @@
 # The README and docs/development.md name these targets; .ci/run calls `install` and `test` exactly as a user would.
 PY ?= python3
+PYTEST_ARGS ?=
 
 LOCK_VENV := build/lock-venv
 APT_LOCK_WAIT_S ?= 600
@@ -30,8 +31,8 @@ lock:  ## Re-resolve every dependency to the newest that pyproject.toml allows, 
 demo:  ## Index the demo gallery and serve the UI at http://127.0.0.1:8000
 	cnclip demo
 
-test:  ## The default suite (no slow benchmarks)
-	$(PY) -m pytest
+test:  ## The default suite (no slow benchmarks); PYTEST_ARGS=… adds pytest options (.ci/run's two runs)
+	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-all:  ## Including the slow soak/benchmark tests
 	$(PY) -m pytest -m ""

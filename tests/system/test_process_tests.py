@@ -1,0 +1,74 @@
+""".ci/run's venv run repeats the tests that started a process in the bare run (tests/support/process_tests.py):
+`--record-process-tests` names every test that started one, by each of Python's ways, and no other; a
+fixture's process counts for the test that set it up; `--only-process-tests` runs exactly those, after
+`-m`; a missing or empty record is a usage error, never a run of nothing that passes."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SAMPLE = """
+import multiprocessing, os, subprocess, sys
+import pytest
+
+@pytest.fixture(scope="module")
+def server():
+    return subprocess.Popen([sys.executable, "-c", "pass"]).wait()
+
+def test_subprocess(): subprocess.run([sys.executable, "-c", "pass"], check=True)
+def test_posix_spawn(): subprocess.run(["true"], close_fds=False, check=True)
+def test_in_process(): assert sum([1, 2]) == 3
+def test_spawn_context():
+    child = multiprocessing.get_context("spawn").Process(target=print); child.start(); child.join()
+def test_fork_context():
+    child = multiprocessing.get_context("fork").Process(target=print); child.start(); child.join()
+def test_shell(): assert os.system("true") == 0
+def test_sets_up_the_server(server): assert server == 0
+def test_reuses_the_server(server): assert server == 0
+@pytest.mark.slow
+def test_slow_and_spawning(): subprocess.run(["true"], check=True)
+"""
+
+STARTING = {"subprocess", "posix_spawn", "spawn_context", "fork_context", "shell", "sets_up_the_server"}
+
+
+def pytest_run(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """pytest on the sample with the plugin, as .ci/run loads it (through the suite's conftest)."""
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.support.process_tests"]
+    return subprocess.run(
+        [*command, "-m", "not slow", "--rootdir", str(folder), "-c", "/dev/null", *args, str(folder)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
+
+
+def test_the_record_names_the_tests_that_started_a_process_and_the_second_run_runs_those(tmp_path: Path) -> None:
+    (tmp_path / "sample").mkdir()
+    (tmp_path / "sample" / "test_sample.py").write_text(SAMPLE)
+    record = tmp_path / "build" / "process-tests.txt"
+
+    recorded = pytest_run(tmp_path / "sample", "--record-process-tests", str(record))
+    assert recorded.returncode == 0, recorded.stdout + recorded.stderr
+    names = {line.rsplit("::test_", 1)[1] for line in record.read_text().splitlines()}
+    assert names == STARTING
+
+    repeated = pytest_run(tmp_path / "sample", "--only-process-tests", str(record), "-vv")  # -q -vv: one line a test
+    assert repeated.returncode == 0, repeated.stdout + repeated.stderr
+    ran = {line.split("::test_", 1)[1].split()[0] for line in repeated.stdout.splitlines() if " PASSED" in line}
+    assert ran == STARTING and "3 deselected" in repeated.stdout  # in_process, reuses_the_server, the slow one
+
+
+def test_a_missing_or_empty_record_is_a_usage_error(tmp_path: Path) -> None:
+    (tmp_path / "sample").mkdir()
+    (tmp_path / "sample" / "test_sample.py").write_text(SAMPLE)
+    missing = pytest_run(tmp_path / "sample", "--only-process-tests", str(tmp_path / "absent.txt"))
+    assert missing.returncode == 4 and "cannot read" in missing.stderr and "absent.txt" in missing.stderr
+    (tmp_path / "empty.txt").write_text("")
+    empty = pytest_run(tmp_path / "sample", "--only-process-tests", str(tmp_path / "empty.txt"))
+    assert empty.returncode == 4 and "names no test" in empty.stderr
