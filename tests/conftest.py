@@ -12,8 +12,8 @@ from api.config import Settings
 from retrieval.toolchain.toy_model import write_toy_model
 from tests.support.engines import MILVUS_SERVER, EngineUnderTest, engine_under_test
 
-# `--record-process-tests` / `--only-process-tests`: .ci/run's venv run repeats the tests that start a process.
-pytest_plugins = ["tests.support.process_tests"]
+# `--record-venv-tests` / `--only-venv-tests`: .ci/run's venv run repeats the tests a venv can fail.
+pytest_plugins = ["tests.support.venv_tests"]
 
 if TYPE_CHECKING:  # the catalog fixture imports it when a test asks: most tests need no database
     from indexer.storage.catalog import SqlCatalog

@@ -1,7 +1,7 @@
-""".ci/run's venv run repeats the tests that started a process in the bare run (tests/support/process_tests.py):
-`--record-process-tests` names every test that started one, by each of Python's ways, and no other; a
-fixture's process counts for the test that set it up; `--only-process-tests` runs exactly those, after
-`-m`; a missing or empty record is a usage error, never a run of nothing that passes."""
+""".ci/run's venv run repeats the tests a venv can fail (tests/support/venv_tests.py): `--record-venv-tests`
+names every test that started a process, by each of Python's ways, or read the installed distributions'
+metadata, and no other; a fixture's process counts for the test that set it up; `--only-venv-tests` runs
+exactly those, after `-m`; a missing or empty record is a usage error, never a run of nothing that passes."""
 
 from __future__ import annotations
 
@@ -12,7 +12,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 SAMPLE = """
-import multiprocessing, os, subprocess, sys
+import importlib.metadata, multiprocessing, os, subprocess, sys
+from importlib.metadata import version
 import pytest
 
 @pytest.fixture(scope="module")
@@ -27,18 +28,21 @@ def test_spawn_context():
 def test_fork_context():
     child = multiprocessing.get_context("fork").Process(target=print); child.start(); child.join()
 def test_shell(): assert os.system("true") == 0
+def test_reads_a_version(): assert version("pytest")
+def test_lists_the_distributions(): assert any(True for _ in importlib.metadata.distributions())
 def test_sets_up_the_server(server): assert server == 0
 def test_reuses_the_server(server): assert server == 0
 @pytest.mark.slow
 def test_slow_and_spawning(): subprocess.run(["true"], check=True)
 """
 
-STARTING = {"subprocess", "posix_spawn", "spawn_context", "fork_context", "shell", "sets_up_the_server"}
+RECORDED = {"subprocess", "posix_spawn", "spawn_context", "fork_context", "shell", "sets_up_the_server"}
+RECORDED |= {"reads_a_version", "lists_the_distributions"}
 
 
 def pytest_run(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
     """pytest on the sample with the plugin, as .ci/run loads it (through the suite's conftest)."""
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.support.process_tests"]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.support.venv_tests"]
     return subprocess.run(
         [*command, "-m", "not slow", "--rootdir", str(folder), "-c", "/dev/null", *args, str(folder)],
         capture_output=True,
@@ -48,27 +52,27 @@ def pytest_run(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_the_record_names_the_tests_that_started_a_process_and_the_second_run_runs_those(tmp_path: Path) -> None:
+def test_the_record_names_the_tests_a_venv_can_fail_and_the_second_run_runs_those(tmp_path: Path) -> None:
     (tmp_path / "sample").mkdir()
     (tmp_path / "sample" / "test_sample.py").write_text(SAMPLE)
-    record = tmp_path / "build" / "process-tests.txt"
+    record = tmp_path / "build" / "venv-tests.txt"
 
-    recorded = pytest_run(tmp_path / "sample", "--record-process-tests", str(record))
+    recorded = pytest_run(tmp_path / "sample", "--record-venv-tests", str(record))
     assert recorded.returncode == 0, recorded.stdout + recorded.stderr
     names = {line.rsplit("::test_", 1)[1] for line in record.read_text().splitlines()}
-    assert names == STARTING
+    assert names == RECORDED
 
-    repeated = pytest_run(tmp_path / "sample", "--only-process-tests", str(record), "-vv")  # -q -vv: one line a test
+    repeated = pytest_run(tmp_path / "sample", "--only-venv-tests", str(record), "-vv")  # -q -vv: one line a test
     assert repeated.returncode == 0, repeated.stdout + repeated.stderr
     ran = {line.split("::test_", 1)[1].split()[0] for line in repeated.stdout.splitlines() if " PASSED" in line}
-    assert ran == STARTING and "3 deselected" in repeated.stdout  # in_process, reuses_the_server, the slow one
+    assert ran == RECORDED and "3 deselected" in repeated.stdout  # in_process, reuses_the_server, the slow one
 
 
 def test_a_missing_or_empty_record_is_a_usage_error(tmp_path: Path) -> None:
     (tmp_path / "sample").mkdir()
     (tmp_path / "sample" / "test_sample.py").write_text(SAMPLE)
-    missing = pytest_run(tmp_path / "sample", "--only-process-tests", str(tmp_path / "absent.txt"))
+    missing = pytest_run(tmp_path / "sample", "--only-venv-tests", str(tmp_path / "absent.txt"))
     assert missing.returncode == 4 and "cannot read" in missing.stderr and "absent.txt" in missing.stderr
     (tmp_path / "empty.txt").write_text("")
-    empty = pytest_run(tmp_path / "sample", "--only-process-tests", str(tmp_path / "empty.txt"))
+    empty = pytest_run(tmp_path / "sample", "--only-venv-tests", str(tmp_path / "empty.txt"))
     assert empty.returncode == 4 and "names no test" in empty.stderr
