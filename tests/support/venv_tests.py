@@ -9,8 +9,8 @@ test runs in its own process is otherwise the same code on the same packages at 
 So the venv run repeats the tests that started a process or read what is installed in the first run,
 found by watching, not by a list kept by hand:
 
-    python3 -m pytest --record-venv-tests build/venv-tests.txt
-    build/ci-venv/bin/python -m pytest --only-venv-tests build/venv-tests.txt
+    python3 -m pytest --record-venv-tests=build/venv-tests.txt
+    build/ci-venv/bin/python -m pytest --only-venv-tests=build/venv-tests.txt
 
 A process started by a shared fixture (a module's server) counts for the test that set the fixture up.
 """
@@ -52,7 +52,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         metavar="FILE",
         help="write the node ids of the tests that started a process or read what is installed",
     )
-    group.addoption("--only-venv-tests", metavar="FILE", help="run only the tests a recorded FILE names")
+    group.addoption(
+        "--only-venv-tests",
+        metavar="FILE",
+        help="run only the tests a recorded FILE names (give it as =FILE: a separate FILE is taken for a path to test)",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:

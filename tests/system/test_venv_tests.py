@@ -5,6 +5,7 @@ exactly those, after `-m`; a missing or empty record is a usage error, never a r
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -40,39 +41,52 @@ RECORDED = {"subprocess", "posix_spawn", "spawn_context", "fork_context", "shell
 RECORDED |= {"reads_a_version", "lists_the_distributions"}
 
 
-def pytest_run(folder: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    """pytest on the sample with the plugin, as .ci/run loads it (through the suite's conftest)."""
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "tests.support.venv_tests"]
+def sample_project(tmp_path: Path) -> Path:
+    """A project laid out as this one: the plugin named by its tests' conftest, the tests under testpaths."""
+    project = tmp_path / "sample"
+    (project / "checks").mkdir(parents=True)
+    (project / "pyproject.toml").write_text(
+        '[tool.pytest.ini_options]\ntestpaths = ["checks"]\naddopts = "-m \'not slow\'"\n'
+    )
+    (project / "checks" / "conftest.py").write_text('pytest_plugins = ["tests.support.venv_tests"]\n')
+    (project / "checks" / "test_sample.py").write_text(SAMPLE)
+    (project / "build").mkdir()
+    return project
+
+
+def pytest_run(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """`python -m pytest ARGS` in `project`, as .ci/run's `make test PYTEST_ARGS=…` runs it."""
     return subprocess.run(
-        [*command, "-m", "not slow", "--rootdir", str(folder), "-c", "/dev/null", *args, str(folder)],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
         capture_output=True,
         text=True,
         timeout=120,
-        cwd=ROOT,
+        cwd=project,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
 
 
 def test_the_record_names_the_tests_a_venv_can_fail_and_the_second_run_runs_those(tmp_path: Path) -> None:
-    (tmp_path / "sample").mkdir()
-    (tmp_path / "sample" / "test_sample.py").write_text(SAMPLE)
-    record = tmp_path / "build" / "venv-tests.txt"
+    project = sample_project(tmp_path)
+    record = project / "build" / "venv-tests.txt"
 
-    recorded = pytest_run(tmp_path / "sample", "--record-venv-tests", str(record))
+    recorded = pytest_run(project, "--record-venv-tests=build/venv-tests.txt")
     assert recorded.returncode == 0, recorded.stdout + recorded.stderr
     names = {line.rsplit("::test_", 1)[1] for line in record.read_text().splitlines()}
     assert names == RECORDED
 
-    repeated = pytest_run(tmp_path / "sample", "--only-venv-tests", str(record), "-vv")  # -q -vv: one line a test
+    # The record exists now: given as `--only-venv-tests FILE`, pytest would take FILE for the path to
+    # test and never load the conftest naming the plugin ("unrecognized arguments"); .ci/run gives `=FILE`.
+    repeated = pytest_run(project, "--only-venv-tests=build/venv-tests.txt", "-vv")  # -q -vv: one line a test
     assert repeated.returncode == 0, repeated.stdout + repeated.stderr
     ran = {line.split("::test_", 1)[1].split()[0] for line in repeated.stdout.splitlines() if " PASSED" in line}
     assert ran == RECORDED and "3 deselected" in repeated.stdout  # in_process, reuses_the_server, the slow one
 
 
 def test_a_missing_or_empty_record_is_a_usage_error(tmp_path: Path) -> None:
-    (tmp_path / "sample").mkdir()
-    (tmp_path / "sample" / "test_sample.py").write_text(SAMPLE)
-    missing = pytest_run(tmp_path / "sample", "--only-venv-tests", str(tmp_path / "absent.txt"))
+    project = sample_project(tmp_path)
+    missing = pytest_run(project, f"--only-venv-tests={tmp_path / 'absent.txt'}")
     assert missing.returncode == 4 and "cannot read" in missing.stderr and "absent.txt" in missing.stderr
     (tmp_path / "empty.txt").write_text("")
-    empty = pytest_run(tmp_path / "sample", "--only-venv-tests", str(tmp_path / "empty.txt"))
+    empty = pytest_run(project, f"--only-venv-tests={tmp_path / 'empty.txt'}")
     assert empty.returncode == 4 and "names no test" in empty.stderr
