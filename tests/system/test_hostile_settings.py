@@ -15,6 +15,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -305,6 +306,25 @@ def test_watching_a_text_collection_is_refused_before_the_port_is_bound(tmp_path
     result = run_cnclip(["serve", "--port", "0"], {**env, "CNCLIP_WATCH": json.dumps({str(folder): "notes"})})
     assert_one_line(result, "holds texts")
     assert "Uvicorn running" not in result.stdout + result.stderr
+
+
+def test_a_bad_setting_stops_serve_before_the_app_and_the_storage_are_imported(tmp_path: Path, toy: Path) -> None:
+    """Their imports took ~1.9 s of the 3.1 s a bad setting's one line waited for (cli/serving.py)."""
+    script = (
+        "import sys\n"
+        "from cli.main import main\n"
+        "sys.argv = ['cnclip', 'serve', '--port', '0']\n"
+        "try:\n"
+        "    main()\n"
+        "except SystemExit as exc:\n"
+        "    print(exc.code, [name for name in ('api.app', 'indexer.runtime') if name in sys.modules])\n"
+    )
+    env = base_env(tmp_path, toy, CNCLIP_STREAMS=str(CORES + 1))
+    done = subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=RUN_TIMEOUT_S
+    )
+    assert done.stdout.strip().splitlines()[-1] == "2 []", done.stdout + done.stderr
+    assert "cores" in done.stderr and "Traceback" not in done.stderr
 
 
 # --- files named by a model directory (not a setting): refused without a hang --------------------------
