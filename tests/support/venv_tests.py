@@ -71,8 +71,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if not listed:
         return
     wanted = read_record(Path(listed))
-    kept = [item for item in items if item.nodeid in wanted]
-    config.hook.pytest_deselected(items=[item for item in items if item.nodeid not in wanted])
+    kept: list[pytest.Item] = []
+    left_out: list[pytest.Item] = []
+    for item in items:
+        (kept if item.nodeid in wanted else left_out).append(item)
+    config.hook.pytest_deselected(items=left_out)
     items[:] = kept
 
 

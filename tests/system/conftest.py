@@ -28,10 +28,11 @@ EVERY_ACTOR_STARTED_S = 120
 def cluster(two_node_cluster: Any, monkeypatch: pytest.MonkeyPatch) -> Any:
     """The module's cluster with its two nodes (again, after a test removed one).
 
-    A run of these tests (the toy model, 120 photos) ends in a second or two: a node whose actor
-    started late on a loaded 2-core runner then got no batch at all, and "both nodes embedded" failed
-    for the machine's load (seen once in a venv run: `nodes` 1). Ray Data waits for every actor of
-    the pool before the first batch when asked; a run started in this process (CliRunner) is."""
+    A run of these tests (the toy model, a few hundred photos) ends in a second or two: a node whose
+    actor started late on a loaded 2-core runner then got no batch at all, and "both nodes embedded"
+    failed for the machine's load (`nodes` 1, in two full runs of 2026-12-07). Ray Data waits for every
+    actor of the pool before the first batch when asked; a run started in this process (CliRunner) is.
+    The product does not wait: in a user's long run a late actor simply joins."""
     import ray.data
 
     top_up(two_node_cluster, nodes=2)
