@@ -12,6 +12,9 @@ odd passes — so a slow minute falls on different configurations in each pass, 
 each configuration's fastest pass (retrieval/toolchain/tune/ranking.py: a pass opens it afresh, and
 what differs between passes only slows one down). A case whose pass medians disagree by more than twice
 the call spread bound counts as noisy, like a case whose calls did (retrieval/toolchain/tune/noise.py).
+
+A case runs the input `serve` would give its session (`case_batch`): a text on the one shape-dynamic
+session at its served width (retrieval/text_lengths.py), on a static session padded to the bucket.
 """
 
 from __future__ import annotations
@@ -25,12 +28,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 
+import numpy as np
+
 from retrieval.backends import SessionConfig
 from retrieval.manifest import ModelManifest
 from retrieval.memory import trim_heap
 from retrieval.memory_budget import BudgetSetting
 from retrieval.sessions import dummy_batch
 from retrieval.shared_weights import SharedWeights
+from retrieval.text_lengths import served_width
 from retrieval.toolchain.gate import Candidate, tower_shapes
 from retrieval.toolchain.tune.memory import peak_rss_mb, reset_peak_rss, rss_mb
 from retrieval.toolchain.tune.noise import SPREAD_BOUND, CpuWatch, sample_calls
@@ -207,7 +213,8 @@ def _measure_block(
     before = rss_mb()
     found.base_mb = max(found.base_mb, before)
     sessions = open_config(manifest, tower, config, shapes, cores)
-    batches = {s: dummy_batch(tower, s[0], manifest.image_size, s[1] or manifest.context_length) for s in shapes}
+    lengths = sorted({n or manifest.context_length for _, n in shapes})
+    batches = {s: case_batch(manifest, tower, s, session, lengths) for s, session in sessions.items()}
     for shape, session in sessions.items():
         session.run(batches[shape])  # warm: the first run allocates what later runs reuse
     key = (tower, config.label)
@@ -221,6 +228,20 @@ def _measure_block(
     peak = peak_rss_mb()
     found.peaks[key] = max(found.peaks.get(key, 0.0), peak - before)
     found.peak_mb = max(found.peak_mb, peak)
+
+
+def case_batch(
+    manifest: ModelManifest, tower: str, shape: Shape, session: object, lengths: Sequence[int]
+) -> np.ndarray:
+    """A case's input as `serve` runs it: a text on a session that runs any width (the one
+    shape-dynamic session) cut to the bucket's served width, as the encoder cuts a batch to its
+    longest row; on any other session padded to the bucket's length."""
+    bucket, length = shape[0], shape[1] or manifest.context_length
+    batch = dummy_batch(tower, bucket, manifest.image_size, length)
+    any_length = int(getattr(session, "any_length_up_to", lambda: 0)()) if tower == "text" else 0
+    if any_length >= length:
+        return np.ascontiguousarray(batch[:, : served_width(length, lengths)])
+    return batch
 
 
 def describe(case: tuple[str, Shape, str]) -> str:

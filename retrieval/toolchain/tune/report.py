@@ -45,7 +45,15 @@ def table(result: TuneResult) -> list[str]:
             f"| {m.tower} | {m.shape} | {m.backend} | {m.device} | {m.precision} | {m.weights} | "
             f"{m.ms:.2f} ({m.ms_min:.2f}–{m.ms_max:.2f}) | {ratio} | {'**yes**' if chosen else ''} |"
         )
+    if any(m.tower == "text" and m.weights == "dynamic" for m in t.measurements):
+        lines += ["", WIDTHS_NOTE]
     return lines
+
+
+WIDTHS_NOTE = (
+    "text on the one shape-dynamic session is timed at its served width (the middle of the widths each "
+    "length bucket holds, as the encoder cuts a batch to its longest row); on other sessions padded to the bucket"
+)
 
 
 def choice_lines(result: TuneResult) -> list[str]:
