@@ -51,8 +51,9 @@ def table(result: TuneResult) -> list[str]:
 
 
 WIDTHS_NOTE = (
-    "text on the one shape-dynamic session is timed at its served width (the middle of the widths each "
-    "length bucket holds, as the encoder cuts a batch to its longest row); on other sessions padded to the bucket"
+    "text on a session that runs any width (the one shape-dynamic session over several length buckets) is timed "
+    "at its served width (the middle of the widths each length bucket holds, as the encoder cuts a batch to its "
+    "longest row); on other sessions padded to the bucket"
 )
 
 
