@@ -233,13 +233,14 @@ def _measure_block(
 def case_batch(
     manifest: ModelManifest, tower: str, shape: Shape, session: object, lengths: Sequence[int]
 ) -> np.ndarray:
-    """A case's input as `serve` runs it: a text on a session that runs any width (the one
-    shape-dynamic session) cut to the bucket's served width, as the encoder cuts a batch to its
-    longest row; on any other session padded to the bucket's length."""
+    """A case's input as `serve` runs it: a text on a session that runs any width up to the longest
+    length (the one shape-dynamic session: the encoder's `tight_text`, retrieval/encoder.py) cut to
+    the bucket's served width, as the encoder cuts a batch to its longest row; on any other session
+    padded to the bucket's length."""
     bucket, length = shape[0], shape[1] or manifest.context_length
     batch = dummy_batch(tower, bucket, manifest.image_size, length)
     any_length = int(getattr(session, "any_length_up_to", lambda: 0)()) if tower == "text" else 0
-    if any_length >= length:
+    if any_length >= lengths[-1]:
         return np.ascontiguousarray(batch[:, : served_width(length, lengths)])
     return batch
 

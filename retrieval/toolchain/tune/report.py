@@ -12,6 +12,13 @@ from retrieval.backends import DEFAULT_BACKEND as ONNXRUNTIME  # the shipped def
 from retrieval.toolchain.tune.tuner import Progress, TuneOptions, TuneResult, run_tune
 from retrieval.tuning import TUNING_NAME, TuningFile, write_tuning
 
+# Under the table: how its text cases were timed (retrieval/toolchain/tune/measure.py `case_batch`).
+WIDTHS_NOTE = (
+    "text on a session that runs any width (the one shape-dynamic session over several length buckets) is timed "
+    "at its served width (the middle of the widths each length bucket holds, as the encoder cuts a batch to its "
+    "longest row); on other sessions padded to the bucket"
+)
+
 
 def table(result: TuneResult) -> list[str]:
     """Markdown rows: every measurement, × against the shipped default (ONNX Runtime's default precision
@@ -48,13 +55,6 @@ def table(result: TuneResult) -> list[str]:
     if any(m.tower == "text" and m.weights == "dynamic" for m in t.measurements):
         lines += ["", WIDTHS_NOTE]
     return lines
-
-
-WIDTHS_NOTE = (
-    "text on a session that runs any width (the one shape-dynamic session over several length buckets) is timed "
-    "at its served width (the middle of the widths each length bucket holds, as the encoder cuts a batch to its "
-    "longest row); on other sessions padded to the bucket"
-)
 
 
 def choice_lines(result: TuneResult) -> list[str]:
