@@ -8,7 +8,8 @@ its kernels, so compiled per bucket every shape held its own copy (six text shap
 one model with a bounded dynamic batch and text length (retrieval/backends/openvino_batch.py), and
 each bucket session drives its own infer request on it: one copy per stream and tower. Compiling
 waits for the first run, when the stream has opened all of its shapes; graphs that are not one graph
-are compiled per text length, else per bucket, as before, with one log line.
+are compiled per text length, else per bucket, as before, with one log line. The weight file
+OpenVINO keeps mapped goes back to the page cache after a shape's first run (mapped_weights.py).
 
 OpenVINO picks its own inference precision: on a CPU with AVX512_BF16 or AMX it runs an fp32 graph
 in bf16 unless told otherwise. So every session sets INFERENCE_PRECISION_HINT itself — f32 for
@@ -30,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from retrieval.backends.base import Backend, Detection, DeviceChoice, SessionConfig
+from retrieval.backends.mapped_weights import release_resident
 from retrieval.backends.openvino_batch import NotBatchLinear, dynamic_model
 from retrieval.backends.ort_providers import KIND_MODEL
 from retrieval.errors import EncoderUnavailable, ModelError
@@ -275,8 +277,13 @@ class OpenVinoSession:
         return f"int8 (rest {reported})" if self._run_precision == "int8" else str(reported)
 
     def run(self, batch: np.ndarray) -> np.ndarray:
+        first = self._request is None
         request = self._ready()
         request.infer({self.input_name: batch}, share_inputs=True)
+        if first:
+            # Compiling, and a shape's first run, read the whole weight file; the compiled model runs
+            # from its own copy, so the file's pages go back to the page cache (mapped_weights.py).
+            release_resident([self._path.parent])
         # The output tensor is the request's own buffer, reused by the next run: copy it out.
         return np.array(request.get_tensor(self.output_name).data, dtype=np.float32, copy=True)
 
