@@ -167,3 +167,17 @@ def is_calibration(values: Mapping[Shape, np.ndarray]) -> bool:
 
 def describe(values: Mapping[Shape, np.ndarray]) -> str:
     return ", ".join(f"{list(s)}: {list(v.shape)}" for s, v in values.items())
+
+
+def any_batch_up_to(bounds: list[tuple[int, int]]) -> int:
+    """The most rows one shape-dynamic model over buckets `bounds` (each axis's least, most) runs at
+    any batch size from 1, unpadded; 0 where its smallest bucket is not 1 (no single rows come to it)."""
+    least, most = bounds[0] if bounds else (0, 0)
+    return most if least == 1 else 0
+
+
+def any_length_up_to(bounds: list[tuple[int, int]]) -> int:
+    """The longest text such a model runs at any width (its batch's longest row, below the shortest
+    bucket too): where it spans several length buckets, so its length axis is free
+    (retrieval/text_lengths.py, "tight" widths); 0 where it holds one length only."""
+    return bounds[1][1] if len(bounds) == 2 and bounds[1][0] < bounds[1][1] else 0

@@ -26,6 +26,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from retrieval.backends.base import Backend, Detection, DeviceChoice, SessionConfig
+from retrieval.backends.bucket_shapes import any_batch_up_to, any_length_up_to
 from retrieval.backends.ort_batch import NotBatchLinear, dynamic_graph, input_shape
 from retrieval.backends.ort_providers import ASCEND_DEFAULT_HOME as ASCEND_DEFAULT_HOME
 from retrieval.backends.ort_providers import HOST, PROVIDERS, OrtProvider, accelerators, provider_named, setting_choices
@@ -292,16 +293,11 @@ class StreamGraphs:
 
     def any_batch_up_to(self, path: Path) -> int:
         self.session_for(path)
-        least, most = self.bounds.get(path, [(0, 0)])[0]
-        return most if least == 1 else 0
+        return any_batch_up_to(self.bounds.get(path, []))
 
     def any_length_up_to(self, path: Path) -> int:
-        """The longest text this graph's session runs at any length, unpadded: one session whose
-        graph spans several length buckets, so its length axis is free (retrieval/text_lengths.py,
-        "tight" widths); 0 where it runs its own bucket's length only."""
         self.session_for(path)
-        axes = self.bounds.get(path, [])
-        return axes[1][1] if len(axes) == 2 and axes[1][0] < axes[1][1] else 0
+        return any_length_up_to(self.bounds.get(path, []))
 
     def _open(self, pending: list[Path]) -> None:
         try:

@@ -6,7 +6,9 @@ model needs no second format; its calibrated static int8 graphs (`int8-qdq`, NNC
 its kernels, so compiled per bucket every shape held its own copy (six text shapes of ViT-B-16 int8:
 1,785 MB, issue 34). On the CPU a stream's bucket graphs of a tower are therefore compiled once, as
 one model with a bounded dynamic batch and text length (retrieval/backends/openvino_batch.py), and
-each bucket session drives its own infer request on it: one copy per stream and tower. Compiling
+each bucket session drives its own infer request on it: one copy per stream and tower, which runs
+any batch size up to the largest bucket unpadded and a text at its own width, as ONNX Runtime's one
+session does (a padded batch of 5 in bucket 8 computed 3 rows for nothing). Compiling
 waits for the first run, when the stream has opened all of its shapes; graphs that are not one graph
 are compiled per text length, else per bucket, as before, with one log line. The weight file
 OpenVINO keeps mapped goes back to the page cache after a shape's first run (mapped_weights.py).
@@ -31,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from retrieval.backends.base import Backend, Detection, DeviceChoice, SessionConfig
+from retrieval.backends.bucket_shapes import any_batch_up_to, any_length_up_to
 from retrieval.backends.mapped_weights import release_resident
 from retrieval.backends.openvino_batch import NotBatchLinear, dynamic_model
 from retrieval.backends.ort_providers import KIND_MODEL
@@ -151,6 +154,7 @@ class StreamGraphs:
         self.config = dataclasses.replace(config)
         self.paths: list[Path] = []
         self.compiled: dict[Path, Any] = {}
+        self.bounds: dict[Path, list[tuple[int, int]]] = {}  # a shape-dynamic model's (least, most) bucket per axis
         self._lock = threading.Lock()  # streams are single-threaded; this only guards a misuse
 
     @classmethod
@@ -168,6 +172,14 @@ class StreamGraphs:
             if path not in self.compiled:
                 self._compile([p for p in dict.fromkeys(self.paths) if p not in self.compiled])
             return self.compiled[path]
+
+    def any_batch_up_to(self, path: Path) -> int:
+        self.compiled_for(path)
+        return any_batch_up_to(self.bounds.get(path, []))
+
+    def any_length_up_to(self, path: Path) -> int:
+        self.compiled_for(path)
+        return any_length_up_to(self.bounds.get(path, []))
 
     def _compile(self, pending: list[Path]) -> None:
         core = _core()
@@ -211,6 +223,7 @@ class StreamGraphs:
                     log.info("openvino: %s were calibrated apart; all run the calibration of the %s graph (%d constants)",
                              names, list(rewrite.base_shape), rewrite.recalibrated)  # fmt: skip
                 self.compiled.update(dict.fromkeys(part, compiled))
+                self.bounds.update(dict.fromkeys(part, rewrite.bounds))
             if len(left) < len(group):
                 return left
         return group
@@ -263,6 +276,15 @@ class OpenVinoSession:
     def compiled_model(self) -> Any:
         """The compiled model this session's infer request runs on (shared by the stream's batch buckets)."""
         return self._graphs.compiled_for(self._path)
+
+    def any_batch_up_to(self) -> int:
+        """The most rows this graph's session runs at any batch size from 1, unpadded (one
+        shape-dynamic model per stream); 0 where it runs its own bucket's size only."""
+        return self._graphs.any_batch_up_to(self._path)
+
+    def any_length_up_to(self) -> int:
+        """The longest text this graph's session runs at any width; 0: its own bucket's length only."""
+        return self._graphs.any_length_up_to(self._path)
 
     def _ready(self) -> Any:
         if self._request is None:

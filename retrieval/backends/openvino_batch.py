@@ -4,7 +4,7 @@ Compiled per bucket, every OpenVINO session re-lays the weights out for its kern
 of ViT-B-16 int8 took 1,785 MB (issue 34), one copy per shape. The bucket graphs of a tower are the
 same graph with other constants; retrieval/backends/bucket_shapes.py says which constants follow the
 input's shape and how, and each is rebuilt here from the input's dimensions at run time. The result
-takes a bounded dynamic batch (and length) — `[1..16, 16..52]` — compiled once. Anything else that
+takes a bounded dynamic batch (and length) — `[1..16, 1..52]` — compiled once. Anything else that
 differs raises `NotBatchLinear` before the model is touched; the caller then compiles per bucket.
 
 Calibrated int8 graphs (`int8-qdq`) differ once more: NNCF calibrates every bucket graph on its own.
@@ -53,6 +53,7 @@ class Rewrite:
     base_shape: Shape
     dynamic_axes: tuple[int, ...]
     recalibrated: int
+    bounds: list[tuple[int, int]]  # each input axis's (least, most) over the buckets
 
 
 def dynamic_model(models: Mapping[Shape, Any]) -> Rewrite:
@@ -98,10 +99,13 @@ def dynamic_model(models: Mapping[Shape, Any]) -> Rewrite:
     for op, new in rebuilt:
         for target in list(op.output(0).get_target_inputs()):
             target.replace_source_output(new)
-    bounds = [ov.Dimension(low, high) if low != high else ov.Dimension(low) for low, high in buckets.bounds()]
-    base.reshape({param.output(0): ov.PartialShape(bounds)})
+    # A varying axis takes every size from 1 to its largest bucket, as ONNX Runtime's one session
+    # does: the encoder runs a batch between buckets unpadded, and a text at its longest row's width.
+    bounds = buckets.bounds()
+    free = [ov.Dimension(1, high) if low != high else ov.Dimension(low) for low, high in bounds]
+    base.reshape({param.output(0): ov.PartialShape(free)})
     base.validate_nodes_and_infer_types()
-    return Rewrite(base, base_shape, buckets.axes, recalibrated)
+    return Rewrite(base, base_shape, buckets.axes, recalibrated, bounds)
 
 
 def _emit(recipe: ShapeVector | Sliced, dims: dict[int, Any], ops: Any) -> Any:

@@ -24,6 +24,9 @@ from retrieval.backends.openvino import OpenVinoSession, compile_properties
 from retrieval.backends.openvino_batch import NotBatchLinear, dynamic_model
 from retrieval.graph_store import save_sharing_weights
 from retrieval.manifest import ModelManifest
+from retrieval.sessions import BucketedSession
+from retrieval.text_lengths import used_lengths
+from retrieval.tokenizer import tokenize
 from retrieval.toolchain.toy_model import write_toy_model
 from retrieval.tower_plan import TowerPlan, plan_bytes
 from tests.support.model_inputs import varied_input
@@ -66,6 +69,39 @@ def test_every_bucket_of_a_cnclip_tower_runs_on_one_compiled_model_with_the_stat
         assert min_cosine(got, static_answer(paths[b], batch, spec.input_name)) >= 0.9999, b
     assert len({id(s.compiled_model) for s in sessions.values()}) == 1, "one compiled model for every bucket"
     assert len(buckets) >= 3
+
+
+def test_any_batch_size_and_any_text_width_run_unpadded_on_the_one_model(tmp_path: Path) -> None:
+    manifest = ModelManifest.load(DEMO, verify=False)
+    spec = manifest.towers["image"]
+    config = stream_config()
+    images = {b: OpenVinoSession(manifest.graph_path("image", "fp32", b), config, spec.input_name, spec.output_name)
+              for b in spec.buckets("fp32")}  # fmt: skip
+    bucketed = BucketedSession("image", images)
+    bucketed.any_batch = bucketed.any_batch_up_to()
+    assert bucketed.any_batch == 32
+    batch = varied_input("image", 5, 52, seed=1)
+    alone = np.concatenate([bucketed.run(batch[i : i + 1]) for i in range(5)])
+    together = bucketed.run(batch)  # 5 rows: no bucket of 5, none padded
+    assert together.shape == (5, manifest.embed_dim)
+    assert min_cosine(alone, together) >= 0.99999
+    # Text: a model over two length buckets runs a text at its own width, below the shortest too.
+    toy = write_toy_model(tmp_path / "toy", buckets=(1, 4), text_lengths=(16, 32))
+    text = toy.towers["text"]
+    stream = stream_config()
+    texts = [OpenVinoSession(toy.graph_path("text", "fp32", b, n), stream, text.input_name, text.output_name)
+             for b in (1, 4) for n in (16, 32, None)]  # fmt: skip
+    assert texts[0].any_length_up_to() == 52 and texts[0].any_batch_up_to() == 4
+    ids = tokenize(["猫", "穿红色裙子的女孩", "一只在草地上奔跑的小狗和它的主人" * 2], 52)
+    for row, used in zip(ids, used_lengths(ids), strict=True):
+        bucket = next(n for n in (16, 32, 52) if n >= used)
+        at_bucket = texts[0].run(row[None, :bucket])
+        for width in {int(used), (int(used) + bucket) // 2}:
+            assert min_cosine(texts[0].run(row[None, :width]), at_bucket) >= 0.99999, (int(used), width)
+    # Compiled per bucket (graphs that are not one graph) a session runs its own shape only.
+    apart = write_mlp_buckets(tmp_path / "apart", (1, 4), scale_by_batch=True)
+    own = {b: OpenVinoSession(p, stream_config(), "x", "y") for b, p in apart.items()}
+    assert [s.any_batch_up_to() for s in own.values()] == [0, 0]
 
 
 def test_every_batch_and_text_length_of_a_stream_shares_one_model_and_streams_never_share(tmp_path: Path) -> None:
